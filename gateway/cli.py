@@ -1,0 +1,38 @@
+"""The ``kvgate`` command: each subcommand hands its arguments to the part that owns it."""
+
+import sys
+from collections.abc import Callable
+from importlib import import_module
+
+_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("gateway.supervisor", "start the engines listed in the config, then the gateway"),
+    "gateway": ("gateway.server", "run the gateway alone, in front of the config's backends"),
+    "engine": ("engine.cli", "run one bundled engine replica (real model or --sim)"),
+    "plan": ("planner.cli", "KV-cache arithmetic: bytes per token, per sequence, concurrency per card"),
+    "bench": ("bench.cli", "benchmarks: workloads, contenders, reports"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvgate {" + ",".join(_SUBCOMMANDS) + "} [--help] ...", "", "commands:"]
+    lines += [f"  {name:<9} {summary}" for name, (_, summary) in _SUBCOMMANDS.items()]
+    lines.append("\nRun 'kvgate COMMAND --help' for the flags of one command.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``kvgate COMMAND ...`` to ``<module>.main(argv)``."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    if args[0] not in _SUBCOMMANDS:
+        print(f"kvgate: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = _SUBCOMMANDS[args[0]]
+    command_main: Callable[[list[str]], int] = import_module(module_name).main
+    return command_main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""config.yaml: one pydantic schema, validated at start-up and on reload.
+
+An unknown key or a wrong type stops start-up with a message naming the key and the file.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gateway.admission.config import LimitsConfig, TenantConfig
+from gateway.routing.config import RoutingConfig
+from normalize.config import NormalizeConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListenConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+
+class EngineSpec(_Strict):
+    """A bundled engine replica that `kvgate up` starts (`kvgate engine --port PORT ARGS...`)."""
+
+    name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    model: str | None = None
+    """Defaults to the top-level `model`."""
+    kv_events_port: int | None = Field(None, ge=1, le=65535)
+    """When set, the engine publishes KV events there and the gateway routes on them (precise mode)."""
+    max_concurrency: int | None = Field(None, ge=1)
+    args: list[str] = []
+    """Further `kvgate engine` flags, verbatim (e.g. ["--sim", "--num-blocks", "2048"])."""
+
+
+class BackendSpec(_Strict):
+    """A replica the gateway sends requests to: a bundled engine, vLLM or SGLang."""
+
+    name: str
+    url: str
+    model: str | None = None
+    """The model this replica serves; defaults to the top-level `model`."""
+    tokenizer: str | None = None
+    """Tokenizer for this replica's model when it differs from the top-level one."""
+    max_concurrency: int | None = Field(None, ge=1)
+    kv_events: str | None = None
+    """ZMQ endpoint of the replica's KV events (tcp://host:port); absent means predicted mode."""
+    kv_capacity_blocks: int | None = Field(None, ge=1)
+    """Blocks of `block_size` tokens the replica's KV cache holds, when its /stats cannot tell."""
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(2.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    unhealthy_after: int = Field(2, ge=1)
+    healthy_after: int = Field(1, ge=1)
+
+
+class TimeoutsConfig(_Strict):
+    connect_s: float = Field(2.0, gt=0)
+    first_token_s: float = Field(120.0, gt=0)
+    idle_stream_s: float = Field(60.0, gt=0)
+
+
+class KvgateConfig(_Strict):
+    listen: ListenConfig = ListenConfig()
+    model: str = "smollm2-135m"
+    """The model name clients send."""
+    tokenizer: str | None = None
+    """Bundled model name, GGUF file or HF folder whose tokenizer and chat template the gateway uses."""
+    block_size: int = Field(16, ge=1)
+    engines: list[EngineSpec] = []
+    backends: list[BackendSpec] = []
+    routing: RoutingConfig = RoutingConfig()
+    limits: LimitsConfig = LimitsConfig()
+    normalize: NormalizeConfig = NormalizeConfig()
+    tenants: list[TenantConfig] = []
+    health: HealthConfig = HealthConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+
+    @model_validator(mode="after")
+    def _derive_backends(self) -> "KvgateConfig":
+        if not self.backends:
+            self.backends = [backend_for_engine(index, engine) for index, engine in enumerate(self.engines)]
+        names = [backend.name for backend in self.backends]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    def backend_model(self, backend: BackendSpec) -> str:
+        return backend.model or self.model
+
+    @property
+    def models(self) -> list[str]:
+        """Every model name served, the top-level one first."""
+        names = [self.model] + [self.backend_model(backend) for backend in self.backends]
+        return list(dict.fromkeys(names))
+
+
+def engine_name(index: int, engine: EngineSpec) -> str:
+    return engine.name or f"engine-{index}"
+
+
+def backend_for_engine(index: int, engine: EngineSpec) -> BackendSpec:
+    kv_events = f"tcp://{engine.host}:{engine.kv_events_port}" if engine.kv_events_port else None
+    return BackendSpec(
+        name=engine_name(index, engine),
+        url=f"http://{engine.host}:{engine.port}",
+        model=engine.model,
+        max_concurrency=engine.max_concurrency,
+        kv_events=kv_events,
+    )
+
+
+class ConfigError(ValueError):
+    """The config file is missing, not YAML, or does not match the schema."""
+
+
+def parse_config(data: Any, source: str) -> KvgateConfig:
+    """Validate a parsed YAML document; errors name each bad key and the source."""
+    try:
+        return KvgateConfig.model_validate(data or {})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"  {key}: {message}")
+        raise ConfigError(f"invalid config {source}:\n" + "\n".join(problems)) from None
+
+
+def load_config(path: str | Path) -> KvgateConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,44 @@
+"""What the request handler hands the router, and what it gets back."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """One request, as routing sees it (after normalization, tokenization and hashing)."""
+
+    request_id: str
+    model: str
+    block_hashes: list[int]
+    prompt_tokens: int
+    max_tokens: int
+    session_key: str | None = None
+    cache_salt: str | None = None
+    token_ids: list[int] = field(default_factory=list, repr=False)
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A snapshot of one backend replica's load and health, taken by the backend pool."""
+
+    name: str
+    model: str
+    healthy: bool
+    in_flight: int
+    in_flight_prefill_tokens: int
+    """Uncached prompt tokens of requests sent but not yet answered with a first token."""
+    max_concurrency: int | None = None
+    num_running: int | None = None
+    num_waiting: int | None = None
+    kv_usage: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    backend: str
+    reason: str
+    """Why: prefix-hit, load-spill, no-match, session, round-robin, least-loaded, random, retry."""
+    predicted_cached_tokens: int
+    ranked: list[str]
+    """Every eligible replica, best first (``ranked[0] == backend``); retries walk this list."""

@@ -1,0 +1,56 @@
+"""`kvgate gateway -c FILE`: serve the gateway in front of the config's backends."""
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.config import ConfigError, KvgateConfig, load_config
+
+SHUTDOWN_GRACE_S = 30.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate gateway", description="Run the kvgate gateway in front of the backends in a config file."
+    )
+    parser.add_argument("-c", "--config", default="config.yaml", help="config file (default: %(default)s)")
+    parser.add_argument("--host", help="listen address; overrides listen.host in the config")
+    parser.add_argument("--port", type=int, help="listen port; overrides listen.port in the config")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kvgate gateway: {exc}", file=sys.stderr)
+        return 2
+    if args.host:
+        config.listen.host = args.host
+    if args.port is not None:
+        config.listen.port = args.port
+    asyncio.run(serve(config))
+    return 0
+
+
+async def serve(config: KvgateConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then drain in-flight requests for up to SHUTDOWN_GRACE_S."""
+    runner = web.AppRunner(create_app(config), handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    await site.start()
+    print(f"kvgate gateway listening on http://{config.listen.host}:{config.listen.port}/v1", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await runner.cleanup()

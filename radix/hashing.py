@@ -1,0 +1,66 @@
+"""The one block-hashing implementation, shared by the gateway and the engine.
+
+A prompt is cut into blocks of ``block_size`` tokens; only full blocks are hashed. Each block's
+hash is a 128-bit xxh3 over its parent's hash and its token ids, so a hash names the whole
+prefix up to and including that block. The root is seeded by the model name and the cache salt,
+so two tenants with isolated caches (different salts) never share a hash.
+"""
+
+from array import array
+from collections.abc import Sequence
+
+import xxhash
+
+BlockHash = int
+"""An unsigned 128-bit integer."""
+
+_HASH_BYTES = 16
+
+
+def root_hash(model: str, cache_salt: str | None = None) -> BlockHash:
+    """The parent hash of a prompt's first block."""
+    seed_text = f"kvgate-v1\x00{model}\x00{cache_salt or ''}"
+    return xxhash.xxh3_128_intdigest(seed_text.encode("utf-8"))
+
+
+def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    """Hash of one full block given its parent's hash."""
+    data = parent.to_bytes(_HASH_BYTES, "little") + array("I", token_ids).tobytes()
+    return xxhash.xxh3_128_intdigest(data)
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    model: str,
+    cache_salt: str | None = None,
+) -> list[BlockHash]:
+    """Chained hashes of every full block of ``token_ids``, first block first."""
+    return extend_block_hashes([], token_ids, block_size, model, cache_salt)
+
+
+def extend_block_hashes(
+    hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    model: str,
+    cache_salt: str | None = None,
+) -> list[BlockHash]:
+    """Append hashes for blocks of ``token_ids`` not yet covered by ``hashes`` (decode growth)."""
+    parent = hashes[-1] if hashes else root_hash(model, cache_salt)
+    first = len(hashes) * block_size
+    full_end = first + (len(token_ids) - first) // block_size * block_size
+    if full_end <= first:
+        return hashes
+    data = array("I", token_ids[first:full_end]).tobytes()
+    step = block_size * 4
+    digest = xxhash.xxh3_128_intdigest
+    for offset in range(0, len(data), step):
+        parent = digest(parent.to_bytes(_HASH_BYTES, "little") + data[offset : offset + step])
+        hashes.append(parent)
+    return hashes
+
+
+def hash_to_bytes(block_hash: BlockHash) -> bytes:
+    """Wire form of a hash (KV events carry hashes as 16 big-endian bytes)."""
+    return block_hash.to_bytes(_HASH_BYTES, "big")

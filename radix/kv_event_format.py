@@ -1,0 +1,111 @@
+"""vLLM's KV-event wire format, written by the engine and read by the gateway.
+
+Over ZMQ PUB each message has three frames: ``[topic, sequence (8-byte big-endian), payload]``.
+The payload is msgpack ``[timestamp, [event, ...], data_parallel_rank]``. Current vLLM encodes
+each event as a map with a ``type`` key; older releases as a positional array whose first item
+is the type name. We write maps and read both. Block hashes are opaque to a consumer (vLLM's are
+64-bit ints cut from sha256, ours are 16 bytes): consumers re-derive their own from token ids.
+"""
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+ExternalBlockHash = bytes | int
+
+
+@dataclass
+class BlockStored:
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list[ExternalBlockHash]
+    medium: str | None = "GPU"
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+_EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+_POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+@dataclass
+class EventBatch:
+    ts: float
+    events: list[KVEvent] = field(default_factory=list)
+    data_parallel_rank: int | None = None
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    """msgpack payload of one batch, events as maps with a ``type`` key."""
+    events = [{"type": type(event).__name__, **event.__dict__} for event in batch.events]
+    return _encoder.encode([batch.ts, events, batch.data_parallel_rank])
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """Read a payload in either the map or the positional event encoding.
+
+    Raises ``ValueError`` for a payload that is not an event batch; unknown event types are
+    skipped so that a newer publisher does not break an older consumer.
+    """
+    try:
+        raw = _decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"KV event payload is not msgpack: {exc}") from exc
+    if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
+        raise ValueError("KV event payload is not [ts, events, ...]")
+    rank = raw[2] if len(raw) > 2 else None
+    events = [event for event in (_decode_event(item) for item in raw[1]) if event is not None]
+    return EventBatch(float(raw[0]), events, rank)
+
+
+def _decode_event(item: Any) -> KVEvent | None:
+    if isinstance(item, dict):
+        name = item.get("type")
+        fields = {key: value for key, value in item.items() if key != "type"}
+    elif isinstance(item, list) and item and isinstance(item[0], str):
+        name = item[0]
+        fields = dict(zip(_POSITIONAL_FIELDS.get(name, ()), item[1:]))
+    else:
+        return None
+    cls = _EVENT_TYPES.get(name)
+    if cls is None:
+        return None
+    known = _POSITIONAL_FIELDS[name]
+    return cls(**{key: value for key, value in fields.items() if key in known})
+
+
+def frames(topic: str, sequence: int, batch: EventBatch) -> list[bytes]:
+    """The three ZMQ frames of one published batch."""
+    return [topic.encode(), struct.pack(">Q", sequence), encode_batch(batch)]
+
+
+def parse_frames(parts: list[bytes]) -> tuple[int, EventBatch]:
+    """Sequence number and batch from received frames (the topic frame is optional)."""
+    if len(parts) < 2:
+        raise ValueError(f"KV event message has {len(parts)} frames, expected 2 or 3")
+    sequence_frame, payload = parts[-2], parts[-1]
+    if len(sequence_frame) != 8:
+        raise ValueError("KV event sequence frame is not 8 bytes")
+    return struct.unpack(">Q", sequence_frame)[0], decode_batch(payload)
