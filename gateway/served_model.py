@@ -1,21 +1,48 @@
 """Per served model: how its requests are normalized and tokenized."""
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config import KvgateConfig
 from gateway.errors import bad_request, model_not_found
 from gateway.openai_request import Endpoint
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
+from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import SegmentTokenizer
+from normalize.text_blocks import approximate_chat_text, approximate_token_ids
+
+log = logging.getLogger("kvgate.models")
+
+APPROXIMATE = "approximate"
+"""The `tokenizer:` value that asks for text-block hashing instead of the model's tokenizer."""
+
+
+class PromptTokenizer(Protocol):
+    async def encode_chat_async(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]: ...
+
+    async def encode_prompt_async(self, prompt: str) -> list[int]: ...
+
+
+class ApproximateTokenizer:
+    """Pseudo-tokens from the normalized text, for backends whose tokenizer is not available here.
+
+    Prefix matches are then estimates (see normalize/text_blocks.py), never token-exact.
+    """
+
+    async def encode_chat_async(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return approximate_token_ids(approximate_chat_text(messages, tools))
+
+    async def encode_prompt_async(self, prompt: str) -> list[int]:
+        return approximate_token_ids(prompt)
 
 
 @dataclass
 class ServedModel:
     name: str
     normalizer: Normalizer
-    tokenizer: SegmentTokenizer
+    tokenizer: PromptTokenizer
 
     async def token_ids(self, body: dict[str, Any], endpoint: Endpoint) -> list[int]:
         """The prompt's token ids exactly as the backend will see them."""
@@ -23,9 +50,20 @@ class ServedModel:
             if endpoint is Endpoint.CHAT:
                 return await self.tokenizer.encode_chat_async(body["messages"], body.get("tools"))
             prompt = body["prompt"]
-            return prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt)
+            return prompt if isinstance(prompt, list) else await self.tokenizer.encode_prompt_async(prompt)
         except TemplateError as exc:
             raise bad_request(str(exc), param="messages") from None
+
+
+def load_tokenizer(model: str, tokenizer: str | None) -> PromptTokenizer:
+    """The model's own tokenizer, or approximate text blocks when asked for or when none is found."""
+    if tokenizer == APPROXIMATE:
+        return ApproximateTokenizer()
+    try:
+        return SegmentTokenizer(ChatTokenizer.load(tokenizer or model))
+    except ModelNotFoundError as exc:
+        log.warning("no local tokenizer for %s (%s): routing on approximate text blocks", model, exc)
+        return ApproximateTokenizer()
 
 
 class ModelRegistry:
@@ -37,11 +75,10 @@ class ModelRegistry:
     @classmethod
     def from_config(cls, config: KvgateConfig) -> "ModelRegistry":
         normalizer = Normalizer(config.normalize)
-        tokenizer_of = {backend.model or config.model: backend.tokenizer for backend in config.backends}
+        tokenizer_of = {config.backend_model(backend): backend.tokenizer for backend in config.backends}
         tokenizer_of[config.model] = config.tokenizer or tokenizer_of.get(config.model)
         models = {
-            name: ServedModel(name, normalizer, SegmentTokenizer(ChatTokenizer.load(tokenizer or name)))
-            for name, tokenizer in tokenizer_of.items()
+            name: ServedModel(name, normalizer, load_tokenizer(name, tokenizer)) for name, tokenizer in tokenizer_of.items()
         }
         return cls(models)
 

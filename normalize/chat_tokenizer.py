@@ -44,7 +44,7 @@ class ChatTokenizer:
         self.folder = folder
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         config = json.loads((folder / "tokenizer_config.json").read_text())
-        self.special_tokens: dict[str, str] = {
+        self.special_tokens: dict[str, str | None] = {
             key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "pad_token", "unk_token")
         }
         template_file = folder / "chat_template.jinja"

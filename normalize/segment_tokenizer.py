@@ -1,0 +1,224 @@
+"""Tokenization cached by segment, so a known system prompt or earlier turns are not re-tokenized.
+
+The HF tokenizer first cuts its input at added special tokens (``<|im_start|>``, ``<|im_end|>``,
+...) and tokenizes each piece between them on its own. Chat templates put such tokens around
+every message, so the rendered prompt is cut at them here too, and each piece's token ids are
+cached under a hash of its text. Splicing pieces gives the ids whole-prompt tokenization gives,
+provided the tokenizer treats each piece independently (the tests prove it for the bundled model
+over random conversations). Tokenizers where that fails (a pre-tokenizer that treats the first
+piece specially, say) are caught by a self-test at load time and tokenized whole.
+"""
+
+import asyncio
+import re
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import xxhash
+
+from normalize.byte_lru import ByteLRU
+from normalize.chat_tokenizer import ChatTokenizer, TemplateError
+
+OFFLOAD_CHARS = 2000
+"""Uncached text longer than this is tokenized on a worker thread by ``encode_*_async``."""
+
+_PROBE_TEXTS = (
+    "You are a helpful assistant.",
+    "  leading and trailing spaces  ",
+    "\n\nnewlines\n\n",
+    "Café naïve — “quotes” 東京 😀👍🏽 Ünïcödé",
+    "tabs\tand   runs\r\nof  spaces ",
+    "ends with a newline\n",
+    " ",
+    "",
+    "<|im_start|>literal special tokens<|im_end|> inside",
+    "12345 67890 3.14159 $% ^&*()",
+)
+
+
+def _probe_conversations() -> list[list[dict[str, str]]]:
+    """Each probe text as system prompt and in alternating turns (templates differ in which
+    role orders they accept)."""
+    conversations = []
+    for text in _PROBE_TEXTS:
+        conversations.append([{"role": "system", "content": text}, {"role": "user", "content": text}])
+        conversations.append([{"role": role, "content": text} for role in ("user", "assistant", "user")])
+    return conversations
+
+
+def _ids_bytes(token_ids: list[int]) -> int:
+    """Approximate memory of a cached entry: list slots, int objects, key and bookkeeping."""
+    return 160 + 36 * len(token_ids)
+
+
+class SegmentTokenizer:
+    """Chat and prompt tokenization with a per-segment cache bounded by bytes.
+
+    Not thread-safe: call it from one thread (the event loop); the async methods hand only the
+    tokenizer call itself to a worker thread.
+    """
+
+    def __init__(self, chat_tokenizer: ChatTokenizer, cache_bytes: int = 64 << 20) -> None:
+        self.chat = chat_tokenizer
+        self._cache: ByteLRU[int, list[int]] = ByteLRU(cache_bytes, _ids_bytes)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-tokenize")
+        self._in_flight: dict[int, tuple[asyncio.Future[list[list[int]]], int]] = {}
+        self.hits = 0
+        self.misses = 0
+        self._special_ids = self._splittable_special_tokens()
+        splitter = self._special_token_splitter()
+        self.segmented = splitter is not None and self._segments_match_whole(splitter)
+        """Whether prompts are cut at special tokens; False: each prompt is one segment."""
+        self._splitter = splitter if self.segmented else None
+
+    def _splittable_special_tokens(self) -> dict[str, int]:
+        """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the
+        tokenizer itself does."""
+        return {
+            token.content: token_id
+            for token_id, token in self.chat.tokenizer.get_added_tokens_decoder().items()
+            if token.special and not (token.lstrip or token.rstrip or token.single_word or token.normalized)
+        }
+
+    def _special_token_splitter(self) -> re.Pattern[str] | None:
+        if not self._special_ids:
+            return None
+        longest_first = sorted(self._special_ids, key=len, reverse=True)
+        return re.compile("(" + "|".join(re.escape(token) for token in longest_first) + ")")
+
+    def _segments_match_whole(self, splitter: re.Pattern[str]) -> bool:
+        """Self-test: spliced segment ids equal whole-text ids on every probe the template renders
+        (and on the probe texts themselves, as completions prompts)."""
+        texts = list(_PROBE_TEXTS)
+        for messages in _probe_conversations():
+            try:
+                texts.append(self.chat.render_chat(messages))
+            except TemplateError:
+                continue
+        for text in texts:
+            pieces = splitter.split(text)
+            keys = self._text_keys(pieces)
+            spliced = self._splice(pieces, keys, dict(zip(keys, self._encode_texts(pieces[::2]), strict=True)))
+            if spliced != self.chat.encode_text(text):
+                return False
+        return True
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of the rendered chat prompt; equal to ``ChatTokenizer.encode_chat``."""
+        return self._encode(self.chat.render_chat(messages, tools))
+
+    async def encode_chat_async(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """``encode_chat``, with long uncached text tokenized off the event loop."""
+        return await self._encode_async(self.chat.render_chat(messages, tools))
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of a completions text prompt (no special tokens added)."""
+        return self._encode(prompt)
+
+    async def encode_prompt_async(self, prompt: str) -> list[int]:
+        return await self._encode_async(prompt)
+
+    def stats(self) -> dict[str, int | bool]:
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "bytes": self._cache.bytes,
+            "entries": len(self._cache),
+            "segmented": self.segmented,
+        }
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+    def _encode(self, text: str) -> list[int]:
+        pieces = self._split(text)
+        keys = self._text_keys(pieces)
+        found, missing = self._lookup(pieces, keys)
+        if missing:
+            found.update(self._store(missing, self._encode_texts(list(missing.values()))))
+        return self._splice(pieces, keys, found)
+
+    async def _encode_async(self, text: str) -> list[int]:
+        pieces = self._split(text)
+        keys = self._text_keys(pieces)
+        found, missing = self._lookup(pieces, keys)
+        if missing:
+            found.update(await self._encode_missing_async(missing))
+        return self._splice(pieces, keys, found)
+
+    async def _encode_missing_async(self, missing: dict[int, str]) -> dict[int, list[int]]:
+        """Long work goes to the worker thread; a segment already being tokenized there for
+        another request (a new system prompt arriving many times at once) is awaited, not redone."""
+        in_flight = {key: self._in_flight[key] for key in missing if key in self._in_flight}
+        batch = {key: text for key, text in missing.items() if key not in in_flight}
+        encoded: dict[int, list[int]] = {}
+        if sum(map(len, batch.values())) > OFFLOAD_CHARS:
+            future = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._encode_off_loop, list(batch.values())
+            )
+            for index, key in enumerate(batch):
+                self._in_flight[key] = (future, index)
+            try:
+                results = await future
+            finally:
+                for key in batch:
+                    del self._in_flight[key]
+            encoded.update(self._store(batch, results))
+        elif batch:
+            encoded.update(self._store(batch, self._encode_texts(list(batch.values()))))
+        for key, (future, index) in in_flight.items():
+            encoded[key] = (await future)[index]
+        return encoded
+
+    def _split(self, text: str) -> list[str]:
+        """Text pieces at even positions, special tokens between them at odd positions."""
+        return [text] if self._splitter is None else self._splitter.split(text)
+
+    @staticmethod
+    def _text_keys(pieces: list[str]) -> list[int]:
+        return [xxhash.xxh3_128_intdigest(piece.encode("utf-8", "surrogatepass")) for piece in pieces[::2]]
+
+    def _lookup(self, pieces: list[str], keys: list[int]) -> tuple[dict[int, list[int]], dict[int, str]]:
+        """Cached ids by key, and the texts of the keys not cached."""
+        found: dict[int, list[int]] = {}
+        missing: dict[int, str] = {}
+        for key, piece in zip(keys, pieces[::2], strict=True):
+            if not piece or key in found or key in missing:
+                continue
+            ids = self._cache.get(key)
+            if ids is None:
+                missing[key] = piece
+                self.misses += 1
+            else:
+                found[key] = ids
+                self.hits += 1
+        return found, missing
+
+    def _store(self, missing: dict[int, str], encoded: list[list[int]]) -> dict[int, list[int]]:
+        stored = dict(zip(missing, encoded, strict=True))
+        for key, ids in stored.items():
+            self._cache.put(key, ids)
+        return stored
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        return [self.chat.encode_text(text) for text in texts]
+
+    def _encode_off_loop(self, texts: list[str]) -> list[list[int]]:
+        """Runs on the worker thread: ``encode_batch`` releases the GIL while it works, where
+        ``encode`` holds it and would stall the event loop anyway."""
+        return [encoding.ids for encoding in self.chat.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def _splice(self, pieces: list[str], keys: list[int], ids_of: dict[int, list[int]]) -> list[int]:
+        """The prompt's ids: each text piece's ids (by key) and each special token's id, in order."""
+        token_ids: list[int] = []
+        for index, piece in enumerate(pieces):
+            if index % 2:
+                token_ids.append(self._special_ids[piece])
+            elif piece:
+                token_ids.extend(ids_of[keys[index // 2]])
+        return token_ids

@@ -1,0 +1,205 @@
+"""Segment-cached tokenization equals whole-prompt tokenization, stays bounded, and offloads."""
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, pre_tokenizers
+
+from normalize.byte_lru import ByteLRU
+from normalize.chat_tokenizer import ChatTokenizer
+from normalize.segment_tokenizer import OFFLOAD_CHARS, SegmentTokenizer
+
+FRAGMENTS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "\n",
+    "\r\n",
+    " ",
+    "  ",
+    "\t",
+    "é",
+    "e\u0301",
+    "東京",
+    "😀",
+    "👨\u200d👩\u200d👧",
+    "ß",
+    "'s",
+    "123",
+]
+texts = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(st.characters(exclude_categories=("Cs",)), max_size=12)), max_size=8
+).map("".join)
+conversations = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": texts}),
+    min_size=1,
+    max_size=6,
+)
+property_settings = settings(max_examples=300, deadline=None)
+
+
+@pytest.fixture(scope="module")
+def shared_tokenizer(chat_tokenizer: ChatTokenizer) -> SegmentTokenizer:
+    """One cache across examples, so later examples splice cached segments of earlier ones."""
+    return SegmentTokenizer(chat_tokenizer)
+
+
+@property_settings
+@given(conversation=conversations)
+def test_chat_equals_whole_prompt_tokenization(
+    chat_tokenizer: ChatTokenizer, shared_tokenizer: SegmentTokenizer, conversation: list[dict[str, str]]
+) -> None:
+    assert shared_tokenizer.segmented
+    expected = chat_tokenizer.encode_chat(conversation)
+    assert shared_tokenizer.encode_chat(conversation) == expected
+    assert shared_tokenizer.encode_chat(conversation) == expected
+
+
+@property_settings
+@given(prompt=texts)
+def test_prompt_equals_whole_tokenization(
+    chat_tokenizer: ChatTokenizer, shared_tokenizer: SegmentTokenizer, prompt: str
+) -> None:
+    assert shared_tokenizer.encode_prompt(prompt) == chat_tokenizer.encode_text(prompt)
+
+
+def test_turn_k_tokenizes_only_what_is_new(chat_tokenizer: ChatTokenizer) -> None:
+    tokenizer = SegmentTokenizer(chat_tokenizer)
+    messages = [{"role": "system", "content": "You are a careful assistant. " * 50}]
+    tokenizer.encode_chat(messages)
+    for turn in range(5):
+        messages += [
+            {"role": "user", "content": f"question {turn}"},
+            {"role": "assistant", "content": f"answer {turn}"},
+        ]
+        before = tokenizer.stats()
+        assert tokenizer.encode_chat(messages) == chat_tokenizer.encode_chat(messages)
+        after = tokenizer.stats()
+        assert after["misses"] - before["misses"] == 2
+        old_messages = len(messages) - 2
+        assert after["hits"] - before["hits"] == old_messages + 2, "old turns, the separator, the generation prompt"
+
+
+def test_cache_bytes_stay_bounded(chat_tokenizer: ChatTokenizer) -> None:
+    tokenizer = SegmentTokenizer(chat_tokenizer, cache_bytes=20_000)
+    for index in range(200):
+        messages = [{"role": "system", "content": f"System prompt number {index}: " + "lorem ipsum " * 20}]
+        assert tokenizer.encode_chat(messages) == chat_tokenizer.encode_chat(messages)
+        assert tokenizer.stats()["bytes"] <= 20_000
+    assert 0 < tokenizer.stats()["entries"] < 200
+
+
+def test_byte_lru_evicts_least_recently_used() -> None:
+    cache: ByteLRU[str, str] = ByteLRU(10, len)
+    cache.put("a", "xxxx")
+    cache.put("b", "xxxx")
+    assert cache.get("a") == "xxxx"
+    cache.put("c", "xxxx")
+    assert cache.get("b") is None and cache.get("a") == "xxxx" and cache.bytes == 8
+    cache.put("a", "x")
+    assert cache.bytes == 5
+    cache.put("huge", "x" * 11)
+    assert cache.get("huge") is None and len(cache) == 2
+
+
+def test_unsafe_tokenizer_is_detected_and_tokenized_whole(tokenizer_copy: Callable[..., ChatTokenizer]) -> None:
+    """A pre-tokenizer that marks only the start of the input treats segments differently."""
+
+    def first_piece_marker(tokenizer: Tokenizer) -> None:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Metaspace(prepend_scheme="first"), tokenizer.pre_tokenizer]
+        )
+
+    chat = tokenizer_copy(edit=first_piece_marker)
+    tokenizer = SegmentTokenizer(chat)
+    assert not tokenizer.segmented
+    messages = [{"role": "system", "content": "hello"}, {"role": "user", "content": "world"}]
+    assert tokenizer.encode_chat(messages) == chat.encode_chat(messages)
+    assert tokenizer.stats()["entries"] == 1
+
+
+class RecordingTokenizer:
+    """The real ``tokenizers.Tokenizer``, recording which method ran on which thread."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def encode(self, *args: object, **kwargs: object) -> object:
+        self.calls.append(("encode", threading.current_thread().name))
+        return self.inner.encode(*args, **kwargs)
+
+    def encode_batch(self, *args: object, **kwargs: object) -> object:
+        self.calls.append(("encode_batch", threading.current_thread().name))
+        return self.inner.encode_batch(*args, **kwargs)
+
+
+@pytest.fixture
+def recorded(chat_tokenizer: ChatTokenizer) -> Iterator[tuple[SegmentTokenizer, RecordingTokenizer]]:
+    chat = ChatTokenizer(chat_tokenizer.folder)
+    recording = RecordingTokenizer(chat.tokenizer)
+    chat.tokenizer = recording
+    tokenizer = SegmentTokenizer(chat)
+    tokenizer.encode_chat([{"role": "user", "content": "warm the separators"}])
+    recording.calls.clear()
+    yield tokenizer, recording
+    tokenizer.close()
+
+
+async def ticks_while(coroutine: Awaitable[list[int]]) -> tuple[list[int], int]:
+    """The coroutine's result and how often another task ran on the loop meanwhile."""
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ticks = 0
+    result = await coroutine
+    done = True
+    await task
+    return result, ticks
+
+
+async def test_long_uncached_text_is_tokenized_off_the_loop(
+    chat_tokenizer: ChatTokenizer, recorded: tuple[SegmentTokenizer, RecordingTokenizer]
+) -> None:
+    tokenizer, recording = recorded
+    short = [{"role": "user", "content": "hi"}]
+    long = [{"role": "system", "content": "x y " * OFFLOAD_CHARS}]
+
+    ids, ticks = await ticks_while(tokenizer.encode_chat_async(short))
+    assert ids == chat_tokenizer.encode_chat(short) and ticks == 0
+    assert recording.calls == [("encode", "MainThread")]
+
+    recording.calls.clear()
+    ids, ticks = await ticks_while(tokenizer.encode_chat_async(long))
+    assert ids == chat_tokenizer.encode_chat(long) and ticks > 0
+    assert recording.calls == [("encode_batch", "kvgate-tokenize_0")]
+
+    recording.calls.clear()
+    assert await tokenizer.encode_chat_async(long) == ids
+    assert recording.calls == []
+
+
+async def test_concurrent_requests_share_one_tokenization(
+    chat_tokenizer: ChatTokenizer, recorded: tuple[SegmentTokenizer, RecordingTokenizer]
+) -> None:
+    tokenizer, recording = recorded
+    system = {"role": "system", "content": "A brand new system prompt. " * 200}
+    conversations = [[system, {"role": "user", "content": f"question {index}"}] for index in range(5)]
+    results = await asyncio.gather(*(tokenizer.encode_chat_async(messages) for messages in conversations))
+    assert results == [chat_tokenizer.encode_chat(messages) for messages in conversations]
+    assert recording.calls.count(("encode_batch", "kvgate-tokenize_0")) == 1
