@@ -16,7 +16,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     tmp_path = tmp_path_factory.mktemp("real-model")
-    engines = [start_engine(tmp_path, "--num-blocks", "256", name=f"engine-{i}") for i in range(2)]
+    engines = [start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048", name=f"engine-{i}") for i in range(2)]
     port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
