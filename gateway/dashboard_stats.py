@@ -1,0 +1,56 @@
+"""The JSON the dashboard polls (GET /dashboard/stats.json): rolling series plus the state right now."""
+
+import time
+
+from gateway.backend_pool import Backend
+from gateway.state import Gateway
+from gateway.stats import Tally
+
+
+def dashboard_stats(gateway: Gateway) -> dict:
+    stats = gateway.telemetry.stats
+    backends = gateway.pool.backends.values()
+    replicas = [_replica(backend, stats.by_backend.get(backend.name) or Tally()) for backend in backends]
+    saved_gpu_s = [replica["saved_gpu_s"] for replica in replicas if replica["saved_gpu_s"] is not None]
+    waiting = gateway.dispatcher.queue.waiting_by_tenant()
+    return {
+        "generated_at": time.time(),
+        "bucket_s": stats.bucket_s,
+        "totals": {**stats.totals.summary(), "saved_gpu_s": sum(saved_gpu_s) if saved_gpu_s else None},
+        "queue": {"depth": sum(waiting.values()), "by_tenant": waiting},
+        "series": stats.series(),
+        "replicas": replicas,
+        "route_reasons": dict(stats.reasons.most_common()),
+        "normalization": [
+            {"rule": rule, "requests": entry.requests, "cached_tokens": entry.cached_tokens}
+            for rule, entry in sorted(stats.normalization.items())
+        ],
+        "tenants": [
+            {"tenant": name, **tally.summary(), "queued": waiting.get(name, 0)}
+            for name, tally in sorted(stats.by_tenant.items())
+        ],
+        "prefix_breakers": gateway.telemetry.breakers.table(),
+        "prefix_index": gateway.router.stats(),
+    }
+
+
+def _replica(backend: Backend, tally: Tally) -> dict:
+    """One replica's load now and its savings since start; GPU-seconds from its measured prefill rate."""
+    prefill_rate = backend.reported.get("prefill_tokens_per_s")
+    has_rate = isinstance(prefill_rate, int | float) and prefill_rate > 0
+    return {
+        "name": backend.name,
+        "model": backend.model,
+        "healthy": backend.healthy,
+        "draining": backend.draining,
+        "circuit": backend.breaker.state.value,
+        "in_flight": backend.in_flight,
+        "in_flight_prefill_tokens": backend.in_flight_prefill_tokens,
+        "num_running": backend.reported.get("running"),
+        "num_waiting": backend.reported.get("waiting"),
+        "kv_usage": backend.reported.get("kv_cache_usage"),
+        "prefill_tokens_per_s": prefill_rate if has_rate else None,
+        **tally.summary(),
+        "saved_tokens": tally.cached_tokens,
+        "saved_gpu_s": tally.cached_tokens / prefill_rate if has_rate else None,
+    }

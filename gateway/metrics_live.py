@@ -1,0 +1,93 @@
+"""Gauges of the gateway's live state, read at scrape time: replicas, queue, prefix index, KV events."""
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.circuit_breaker import BreakerState
+from radix.kv_event_subscriber import KVEventSubscriber
+
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
+
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+class LiveStateCollector(Collector):
+    """Reads the gateway's parts on each scrape, so reloaded parts are always the ones reported."""
+
+    def __init__(self, gateway: "Gateway") -> None:
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._backends()
+        yield from self._queue()
+        yield from self._router()
+
+    def _backends(self) -> Iterator[Metric]:
+        in_flight = _gauge("kvgate_backend_in_flight", "Requests in flight on a backend.", "backend")
+        prefill = _gauge(
+            "kvgate_backend_in_flight_prefill_tokens", "Uncached prompt tokens of requests in flight.", "backend"
+        )
+        kv_reserved = _gauge("kvgate_backend_kv_reserved_blocks", "KV blocks reserved by admitted requests.", "backend")
+        healthy = _gauge("kvgate_backend_healthy", "1 when a backend passes its health checks.", "backend")
+        circuit = _gauge("kvgate_backend_circuit_state", "1 for the circuit state a backend is in.", "backend", "state")
+        for backend in list(self.gateway.pool.backends.values()):
+            in_flight.add_metric([backend.name], backend.in_flight)
+            prefill.add_metric([backend.name], backend.in_flight_prefill_tokens)
+            kv_reserved.add_metric([backend.name], backend.kv_reserved_blocks)
+            healthy.add_metric([backend.name], 1.0 if backend.healthy else 0.0)
+            current = backend.breaker.state
+            for state in BreakerState:
+                circuit.add_metric([backend.name, state.value], 1.0 if state is current else 0.0)
+        yield from (in_flight, prefill, kv_reserved, healthy, circuit)
+
+    def _queue(self) -> Iterator[Metric]:
+        depth = _gauge("kvgate_queue_depth", "Requests waiting in the admission queue.", "tenant")
+        for tenant, waiting in self.gateway.dispatcher.queue.waiting_by_tenant().items():
+            depth.add_metric([tenant], waiting)
+        yield depth
+
+    def _router(self) -> Iterator[Metric]:
+        router = self.gateway.router
+        stats = router.stats()
+        index, calibration = stats["index"], stats["calibration"]
+        yield GaugeMetricFamily("kvgate_prefix_index_blocks", "Distinct blocks in the prefix index.", index["blocks"])
+        yield GaugeMetricFamily("kvgate_prefix_index_bytes", "Approximate memory of the index.", index["approx_bytes"])
+        yield CounterMetricFamily(
+            "kvgate_prefix_index_evictions", "Blocks evicted from the index to respect a capacity.", index["evictions"]
+        )
+        blocks = _gauge("kvgate_prefix_index_replica_blocks", "Blocks the index puts on a backend.", "backend", "kind")
+        for name, replica in index["per_replica"].items():
+            blocks.add_metric([name, "confirmed"], replica["blocks"])
+            blocks.add_metric([name, "speculative"], replica["speculative_blocks"])
+        yield blocks
+        yield from _kv_events(index["kv_events"], router.tracker.subscribers)
+        yield GaugeMetricFamily(
+            "kvgate_prediction_exact_ratio", "Share of requests whose predicted cached tokens equal the reported ones.",
+            calibration["exact_fraction"],
+        )
+        yield GaugeMetricFamily(
+            "kvgate_prediction_mean_abs_error_tokens", "Mean |predicted - reported| cached tokens per request.",
+            calibration["mean_abs_error_tokens"],
+        )
+
+
+def _kv_events(counters: dict[str, dict[str, int]], subscribers: dict[str, KVEventSubscriber]) -> Iterator[Metric]:
+    received = _counter("kvgate_kv_event_batches", "KV-event batches received.", "backend")
+    lost = _counter("kvgate_kv_event_lost_batches", "KV-event batches missed (sequence gaps).", "backend")
+    lag = _gauge("kvgate_kv_event_lag_seconds", "Age of a backend's latest KV-event batch on arrival.", "backend")
+    for name, counts in counters.items():
+        received.add_metric([name], counts["received"])
+        lost.add_metric([name], counts["lost_batches"])
+        if subscribers[name].lag_s is not None:
+            lag.add_metric([name], subscribers[name].lag_s)
+    yield from (received, lost, lag)

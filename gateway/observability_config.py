@@ -1,0 +1,21 @@
+"""The `observability:` section of config.yaml: request log, dashboard statistics, prefix breakers."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ObservabilityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_log: bool = True
+    """One JSON line per request on stderr (or in `request_log_path`)."""
+    request_log_path: str | None = None
+    log_content: bool = False
+    """Add the normalized request body to each log line. Off by default: prompts are user data."""
+    stats_bucket_s: float = Field(5.0, gt=0)
+    """Width of one point of the dashboard's time series."""
+    stats_window_s: float = Field(900.0, gt=0)
+    """How far back the dashboard's time series reach."""
+    breaker_preview_chars: int = Field(40, ge=0)
+    """Characters of stable text shown before a prefix breaker (0: show only the masked span)."""
+    breaker_samples_per_s: float = Field(20.0, gt=0)
+    """At most this many requests a second are compared for prefix breakers (each costs ~0.3 ms)."""

@@ -1,0 +1,87 @@
+"""Where the request handler reports each finished request: metrics, dashboard stats, breakers, log."""
+
+import time
+
+from gateway.dispatch import Dispatched
+from gateway.errors import OpenAIError
+from gateway.metrics import GatewayMetrics
+from gateway.observability_config import ObservabilityConfig
+from gateway.prefix_breakers import PrefixBreakers
+from gateway.request_log import RequestLog
+from gateway.routing.types import RouteRequest
+from gateway.served_model import ServedModel
+from gateway.stats import StatsWindow
+from gateway.telemetry_record import UNAUTHENTICATED, RequestRecord
+from normalize.normalizer import NormalizedRequest
+from normalize.segment_tokenizer import SegmentTokenizer
+
+
+class Telemetry:
+    def __init__(self, config: ObservabilityConfig, block_size: int) -> None:
+        self.metrics = GatewayMetrics()
+        self.stats = StatsWindow(config.stats_bucket_s, config.stats_window_s)
+        self.breakers = PrefixBreakers(block_size, config.breaker_preview_chars, config.breaker_samples_per_s)
+        self.log = RequestLog(config)
+
+    def observe_completion(
+        self,
+        route_request: RouteRequest,
+        model: ServedModel,
+        normalized: NormalizedRequest,
+        stream: bool,
+        dispatched: Dispatched,
+        tenant: str | None,
+        started: float,
+    ) -> None:
+        """A request a backend answered; ``started`` is its arrival (``time.perf_counter()``)."""
+        outcome, usage = dispatched.outcome, dispatched.outcome.usage or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        record = RequestRecord(
+            request_id=route_request.request_id,
+            model=route_request.model,
+            tenant=tenant or UNAUTHENTICATED,
+            status=_status(dispatched),
+            backend=dispatched.decision.backend,
+            reason=dispatched.decision.reason,
+            stream=stream,
+            prompt_tokens=route_request.prompt_tokens,
+            predicted_cached_tokens=dispatched.decision.predicted_cached_tokens,
+            cached_tokens=cached if isinstance(cached, int) else None,
+            completion_tokens=usage.get("completion_tokens"),
+            queued_s=dispatched.queued_s,
+            ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
+            e2e_s=time.perf_counter() - started,
+            normalized_rules=list(normalized.changed),
+        )
+        self._observe(record, normalized.body)
+        decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
+        self.breakers.observe(model.name, route_request.token_ids, decode)
+
+    def observe_rejection(self, request_id: str, error: OpenAIError, tenant: str | None, started: float) -> None:
+        """A request the gateway answered with an error itself (bad input, caps, queue, no replica)."""
+        record = RequestRecord(
+            request_id=request_id,
+            model=None,
+            tenant=tenant or UNAUTHENTICATED,
+            status=str(error.status),
+            error_code=error.code or error.type,
+            e2e_s=time.perf_counter() - started,
+        )
+        self._observe(record, None)
+
+    def _observe(self, record: RequestRecord, body: dict | None) -> None:
+        self.metrics.observe(record)
+        self.stats.add(record)
+        self.log.write(record.log_fields(), body)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _status(dispatched: Dispatched) -> str:
+    outcome = dispatched.outcome
+    if outcome.client_gone:
+        return "client_gone"
+    if outcome.status == 200 and not outcome.completed:
+        return "incomplete"
+    return str(outcome.status)
