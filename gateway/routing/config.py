@@ -1,9 +1,57 @@
-"""The `routing:` section of config.yaml."""
+"""The ``routing:`` section of config.yaml (hot-reloadable)."""
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+POLICIES = ("cache_aware", "prefix_affinity", "least_loaded", "round_robin", "random", "session")
+SCORERS = ("estimated_ttft", "prefix_affinity", "least_loaded", "round_robin", "random", "session_affinity")
 
 
 class RoutingConfig(BaseModel):
+    """How the router picks a replica. Defaults are the ones that won the benchmarks."""
+
     model_config = ConfigDict(extra="forbid")
 
     policy: str = "cache_aware"
+    """One of POLICIES; each is a pipeline of weighted scorers (see gateway/routing/policies.py)."""
+    scorers: dict[str, float] = {}
+    """Override the policy's scorer weights ({scorer: weight}); a scorer not in the policy is added."""
+
+    prefill_tokens_per_s: float = Field(650.0, gt=0)
+    """Assumed prefill speed when no replica of the model reports its own (SmolLM2-135M on 2 CPU
+    cores, and the simulated engine's default preset, prefill about 600-670 tokens/s)."""
+    decode_wait_s_per_request: float = Field(0.005, ge=0)
+    """Queue wait each running request adds to a new request's first token (decode steps it shares)."""
+    spill_ttft_ratio: float = Field(2.0, ge=1.0)
+    """cache_aware spills a request off the replica caching most of it only when another replica's
+    estimated TTFT is this many times lower (spilling duplicates the prefix in a second cache)."""
+    min_match_tokens: int = Field(64, ge=0)
+    """A cached prefix shorter than this is no useful match: the request is placed by load alone."""
+
+    speculative_ttl_s: float = Field(5.0, gt=0)
+    """Precise mode: how long a routed request's blocks count as cached before its KV events arrive."""
+    default_capacity_blocks: int | None = Field(None, ge=1)
+    """Predicted mode: KV blocks a replica holds when neither the backend config nor the replica tells."""
+    max_index_blocks: int = Field(2_000_000, ge=1)
+    """Cap on blocks in the prefix index, all replicas together (about 150 bytes each)."""
+
+    session_vnodes: int = Field(64, ge=1)
+    """Points per replica on the session policy's consistent-hash ring."""
+    random_seed: int | None = None
+    """Seed for the random policy (None: seeded from the OS)."""
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, policy: str) -> str:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        return policy
+
+    @field_validator("scorers")
+    @classmethod
+    def _known_scorers(cls, scorers: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(scorers) - set(SCORERS))
+        if unknown:
+            raise ValueError(f"unknown scorer(s) {', '.join(unknown)}; choose from {', '.join(SCORERS)}")
+        if any(weight < 0 for weight in scorers.values()):
+            raise ValueError("scorer weights must be >= 0")
+        return scorers

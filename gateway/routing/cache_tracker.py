@@ -1,0 +1,131 @@
+"""What the router believes each replica's KV cache holds.
+
+Per replica, one of two modes:
+- predicted (no ``kv_events``): after routing, the request's blocks are inserted under the
+  chosen replica, whose LRU eviction the index models with the replica's capacity;
+- precise (``kv_events: tcp://...``): the replica's KV events drive the index. Between routing a
+  request and its BlockStored events arriving, its blocks are speculative entries in a second,
+  short-lived index (``speculative_ttl_s``), so a burst of same-prefix requests is not
+  scattered. Salted requests on engines that do not speak kvgate hashes rely on these alone.
+"""
+
+import time
+from collections.abc import Callable
+
+from gateway.routing.config import RoutingConfig
+from gateway.routing.replica_spec import ReplicaSpec
+from radix.kv_event_ingest import KVEventApplier
+from radix.kv_event_subscriber import KVEventSubscriber
+from radix.prefix_index import PrefixIndex
+
+
+class CacheTracker:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        block_size: int,
+        replicas: list[ReplicaSpec],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.block_size = block_size
+        self.index = PrefixIndex(config.max_index_blocks)
+        self.speculative = PrefixIndex(config.max_index_blocks)
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+        self._specs: dict[str, ReplicaSpec] = {}
+        self._clock = clock
+        self._config = config
+        self._running = False
+        self.update(config, replicas)
+
+    def is_precise(self, replica: str) -> bool:
+        return self._specs[replica].kv_events is not None
+
+    def match(self, hashes: list[int]) -> dict[str, int]:
+        """Blocks of ``hashes`` each replica holds as a prefix (speculative entries included)."""
+        matched = self.index.match(hashes)
+        if len(self.speculative):
+            self._expire_speculative()
+            for replica, blocks in self.speculative.match(hashes).items():
+                if blocks > matched.get(replica, 0):
+                    matched[replica] = blocks
+        return matched
+
+    def record_routed(self, hashes: list[int], replica: str) -> None:
+        target = self.speculative if self.is_precise(replica) else self.index
+        target.insert(replica, hashes, self._clock())
+
+    def record_failed(self, hashes: list[int], replica: str, matched_before: int) -> None:
+        """Undo ``record_routed`` for blocks the replica did not have before the failed request."""
+        target = self.speculative if self.is_precise(replica) else self.index
+        target.remove(replica, hashes[matched_before:])
+
+    def update(self, config: RoutingConfig, replicas: list[ReplicaSpec]) -> None:
+        """Apply a new config: replicas added, removed, or changed in mode or capacity."""
+        self._config = config
+        self.index.max_blocks = self.speculative.max_blocks = config.max_index_blocks
+        wanted = {spec.name: spec for spec in replicas}
+        for name, old in list(self._specs.items()):
+            new = wanted.get(name)
+            if new is None or (new.kv_events, new.model) != (old.kv_events, old.model):
+                self._forget(name)
+        for name, spec in wanted.items():
+            capacity = spec.capacity_blocks or config.default_capacity_blocks
+            if name not in self._specs:
+                self._specs[name] = spec
+                self.index.add_replica(name, capacity)
+                self.speculative.add_replica(name)
+                if self._running and spec.kv_events is not None:
+                    self._subscribe(spec)
+            else:
+                self._specs[name] = spec
+                self.index.set_capacity(name, capacity)
+
+    def start(self) -> None:
+        """Subscribe to the KV events of precise replicas; call from the event loop."""
+        self._running = True
+        for spec in self._specs.values():
+            if spec.kv_events is not None and spec.name not in self.subscribers:
+                self._subscribe(spec)
+
+    async def stop(self) -> None:
+        self._running = False
+        for subscriber in list(self.subscribers.values()):
+            await subscriber.stop()
+        self.subscribers.clear()
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "blocks": len(self.index),
+            "replica_blocks": self.index.entries,
+            "approx_bytes": self.index.approx_bytes() + self.speculative.approx_bytes(),
+            "evictions": self.index.evictions,
+            "speculative_blocks": self.speculative.entries,
+            "per_replica": {
+                name: {
+                    "mode": "precise" if spec.kv_events else "predicted",
+                    "blocks": self.index.blocks(name),
+                    "speculative_blocks": self.speculative.blocks(name),
+                }
+                for name, spec in self._specs.items()
+            },
+            "kv_events": {name: subscriber.counters() for name, subscriber in self.subscribers.items()},
+        }
+
+    def _subscribe(self, spec: ReplicaSpec) -> None:
+        applier = KVEventApplier(self.index, spec.name, spec.model, self.block_size, self.speculative, self._clock)
+        subscriber = KVEventSubscriber(spec.kv_events, applier)
+        subscriber.start()
+        self.subscribers[spec.name] = subscriber
+
+    def _forget(self, name: str) -> None:
+        subscriber = self.subscribers.pop(name, None)
+        if subscriber is not None:
+            subscriber.stop_soon()
+        self.index.remove_replica(name)
+        self.speculative.remove_replica(name)
+        del self._specs[name]
+
+    def _expire_speculative(self) -> None:
+        cutoff = self._clock() - self._config.speculative_ttl_s
+        for name in self.speculative.replicas:
+            self.speculative.expire(name, cutoff)

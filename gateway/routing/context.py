@@ -1,0 +1,64 @@
+"""What every scorer of one routing decision sees: the request, the replicas, their cached prefixes."""
+
+from dataclasses import dataclass, field
+
+from gateway.routing.config import RoutingConfig
+from gateway.routing.types import ReplicaState, RouteRequest
+
+
+def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens an engine will serve from cache given a matched prefix.
+
+    Like vLLM and the bundled engine, at least the last prompt token is always computed, so a
+    fully cached prompt whose length is a multiple of the block size hits one block less.
+    """
+    max_hit_blocks = max(prompt_tokens - 1, 0) // block_size
+    return min(matched_blocks, max_hit_blocks) * block_size
+
+
+@dataclass
+class RouteContext:
+    request: RouteRequest
+    replicas: list[ReplicaState]
+    """Eligible replicas, sorted by name."""
+    cached: dict[str, int]
+    """Predicted cached prompt tokens per replica (absent: none)."""
+    indexed_blocks: dict[str, int]
+    """Blocks the index holds per replica: how full its cache is believed to be."""
+    config: RoutingConfig
+    best_cached: int = field(init=False)
+    """The most cached tokens any eligible replica has."""
+    has_useful_match: bool = field(init=False)
+    assumed_prefill_rate: float = field(init=False)
+    """Prefill tokens/s of a replica that has not measured its own: the mean of those that have
+    (replicas of one model usually run on like hardware), else the configured rate. Mixing a
+    measured rate with a made-up one would starve or swamp the replica that measured first."""
+
+    def __post_init__(self) -> None:
+        self.best_cached = max((self.cached.get(replica.name, 0) for replica in self.replicas), default=0)
+        self.has_useful_match = self.best_cached > 0 and self.best_cached >= self.config.min_match_tokens
+        measured = [replica.prefill_tokens_per_s for replica in self.replicas if replica.prefill_tokens_per_s]
+        self.assumed_prefill_rate = sum(measured) / len(measured) if measured else self.config.prefill_tokens_per_s
+
+    @property
+    def useful_best_cached(self) -> int:
+        return self.best_cached if self.has_useful_match else 0
+
+    def useful_cached(self, name: str) -> int:
+        """Cached tokens worth routing on: none at all when no replica has a useful match."""
+        return self.cached.get(name, 0) if self.has_useful_match else 0
+
+    def prefill_rate(self, replica: ReplicaState) -> float:
+        return replica.prefill_tokens_per_s or self.assumed_prefill_rate
+
+    def queue_wait_s(self, replica: ReplicaState) -> float:
+        """Seconds before the replica starts on a new request: prefill queued ahead plus decode load."""
+        requests = replica.in_flight
+        if replica.num_running is not None:
+            requests = max(requests, replica.num_running + (replica.num_waiting or 0))
+        prefill_s = replica.in_flight_prefill_tokens / self.prefill_rate(replica)
+        return prefill_s + requests * self.config.decode_wait_s_per_request
+
+    def estimated_ttft_s(self, replica: ReplicaState) -> float:
+        uncached = self.request.prompt_tokens - self.useful_cached(replica.name)
+        return self.queue_wait_s(replica) + uncached / self.prefill_rate(replica)

@@ -1,0 +1,13 @@
+"""A backend replica as the router knows it from the config."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    name: str
+    model: str
+    kv_events: str | None
+    """ZMQ endpoint of the replica's KV events: precise mode; None: predicted mode."""
+    capacity_blocks: int | None
+    """KV blocks (of the gateway's block size) the replica's cache holds, when known."""

@@ -1,0 +1,112 @@
+"""The router: which replica serves a request, why, and how many of its prompt tokens are cached.
+
+The request handler calls ``route`` (sync, a few tens of microseconds), then ``on_routed`` when
+it sends the request and ``on_finished`` when the replica has answered; the last two keep the
+cache model and the calibration of its predictions current.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from gateway.routing.cache_tracker import CacheTracker
+from gateway.routing.calibration import Calibration
+from gateway.routing.config import RoutingConfig
+from gateway.routing.context import RouteContext, cached_tokens
+from gateway.routing.hash_ring import HashRing
+from gateway.routing.policies import Policy, build_policy, eligible
+from gateway.routing.replica_spec import ReplicaSpec
+from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
+
+__all__ = ["ReplicaSpec", "Router"]
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 65536
+"""Routed requests remembered for calibration; the oldest are dropped past this."""
+
+
+@dataclass
+class _Pending:
+    matched_blocks: dict[str, int]
+    cached: dict[str, int]
+
+
+class Router:
+    def __init__(self, config: RoutingConfig, block_size: int, replicas: list[ReplicaSpec]) -> None:
+        self.block_size = block_size
+        self.config = config
+        self.tracker = CacheTracker(config, block_size, replicas)
+        self.calibration = Calibration()
+        self._rings: dict[str, HashRing] = {}
+        self._replicas = list(replicas)
+        self._names = {spec.name for spec in replicas}
+        self.policy: Policy = build_policy(config, self._ring_for_model)
+        self._pending: dict[str, _Pending] = {}
+
+    async def start(self) -> None:
+        self.tracker.start()
+
+    async def stop(self) -> None:
+        await self.tracker.stop()
+
+    def route(self, request: RouteRequest, replicas: list[ReplicaState]) -> RouteDecision:
+        candidates = eligible(request, replicas)
+        matched = self.tracker.match(request.block_hashes)
+        prompt = request.prompt_tokens
+        cached = {name: cached_tokens(blocks, prompt, self.block_size) for name, blocks in matched.items()}
+        index = self.tracker.index
+        indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
+        ctx = RouteContext(request, candidates, cached, indexed, self.config)
+        ranked = self.policy.rank(ctx)
+        self._remember(request.request_id, _Pending(matched, cached))
+        return RouteDecision(ranked[0], self.policy.reason(ctx, ranked[0]), cached.get(ranked[0], 0), ranked)
+
+    def on_routed(self, request: RouteRequest, backend: str) -> None:
+        if backend in self._names:
+            self.tracker.record_routed(request.block_hashes, backend)
+
+    def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:
+        pending = self._pending.pop(request.request_id, None)
+        if pending is None or backend not in self._names:
+            return
+        if not ok:
+            self.tracker.record_failed(request.block_hashes, backend, pending.matched_blocks.get(backend, 0))
+        elif reported_cached_tokens is not None:
+            self.calibration.add(pending.cached.get(backend, 0), reported_cached_tokens)
+
+    def update(self, config: RoutingConfig, replicas: list[ReplicaSpec]) -> None:
+        """Hot reload: a new policy or weights, replicas added or removed."""
+        if _policy_fields(config) != _policy_fields(self.config):
+            log.info("routing policy is now %s", config.policy)
+            self.policy = build_policy(config, self._ring_for_model)
+        if config.session_vnodes != self.config.session_vnodes or replicas != self._replicas:
+            self._rings.clear()
+        self.config = config
+        self._replicas = list(replicas)
+        self._names = {spec.name for spec in replicas}
+        self.tracker.update(config, replicas)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "policy": self.policy.name,
+            "index": self.tracker.stats(),
+            "calibration": self.calibration.summary(),
+        }
+
+    def _ring_for_model(self, model: str) -> HashRing:
+        ring = self._rings.get(model)
+        if ring is None:
+            names = [spec.name for spec in self._replicas if spec.model == model]
+            ring = self._rings[model] = HashRing(names, self.config.session_vnodes)
+        return ring
+
+    def _remember(self, request_id: str, pending: _Pending) -> None:
+        self._pending.pop(request_id, None)
+        if len(self._pending) >= MAX_PENDING:
+            del self._pending[next(iter(self._pending))]
+        self._pending[request_id] = pending
+
+
+def _policy_fields(config: RoutingConfig) -> tuple[object, ...]:
+    """The settings a policy's scorers are built from (the others are read per request)."""
+    return config.policy, config.scorers, config.random_seed

@@ -1,0 +1,106 @@
+"""Scorers: each rates every eligible replica in [0, 1], higher is better (llm-d's convention).
+
+A policy is a weighted sum of scorers (gateway/routing/policies.py); a new policy is a new
+scorer or a new weighting, never an edit of the request handler.
+"""
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from gateway.routing.context import RouteContext
+from gateway.routing.hash_ring import HashRing
+
+_EPSILON_S = 1e-3
+"""Keeps cost ratios finite when the cheapest replica costs nothing (an idle replica's wait)."""
+RESOLUTION_S = 0.01
+"""Time estimates are rounded to this: closer replicas tie, and the picker's tie-breaks (more
+of the prompt cached, then the emptier cache) decide instead of measurement noise."""
+
+
+class Scorer(Protocol):
+    def score(self, ctx: RouteContext) -> list[float]:
+        """One score per ``ctx.replicas``, in their order."""
+        ...
+
+
+def inverse_cost(seconds: list[float]) -> list[float]:
+    """The cheapest scores 1, the others cheapest/cost, costs rounded to ``RESOLUTION_S``."""
+    costs = [round(cost / RESOLUTION_S) * RESOLUTION_S for cost in seconds]
+    cheapest = min(costs)
+    return [(cheapest + _EPSILON_S) / (cost + _EPSILON_S) for cost in costs]
+
+
+class EstimatedTTFT:
+    """cache_aware: time to first token = queue wait + prefill of the tokens not cached there.
+
+    A replica with less of the prompt cached than the best one has its estimate multiplied by
+    ``spill_ttft_ratio``: spilling duplicates the prefix in another cache, which only pays when
+    the best-cached replica is clearly slower, not when the two are close.
+    """
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        best = ctx.useful_best_cached
+        ratio = ctx.config.spill_ttft_ratio
+        return inverse_cost(
+            [
+                ctx.estimated_ttft_s(replica) * (ratio if ctx.useful_cached(replica.name) < best else 1.0)
+                for replica in ctx.replicas
+            ]
+        )
+
+
+class PrefixAffinity:
+    """Pure affinity: the fraction of the prompt cached, load ignored."""
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        prompt = max(ctx.request.prompt_tokens, 1)
+        return [ctx.useful_cached(replica.name) / prompt for replica in ctx.replicas]
+
+
+class LeastLoaded:
+    """Shortest estimated queue wait."""
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        return inverse_cost([ctx.queue_wait_s(replica) for replica in ctx.replicas])
+
+
+class RoundRobin:
+    """Each call starts one replica further along the name-sorted list."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        count = len(ctx.replicas)
+        first = self._turn % count
+        self._turn += 1
+        return [1.0 - ((position - first) % count) / count for position in range(count)]
+
+
+class RandomChoice:
+    def __init__(self, seed: int | None) -> None:
+        self._rng = random.Random(seed)
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        return [self._rng.random() for _ in ctx.replicas]
+
+
+class SessionAffinity:
+    """Sticky sessions: the ring owner of the request's session key scores 1, its fallbacks less.
+
+    Requests without a session key score 0 everywhere, leaving the choice to the other scorers.
+    """
+
+    def __init__(self, ring_for_model: Callable[[str], HashRing]) -> None:
+        self._ring_for_model = ring_for_model
+
+    def score(self, ctx: RouteContext) -> list[float]:
+        key = ctx.request.session_key
+        if key is None:
+            return [0.0] * len(ctx.replicas)
+        order = self._ring_for_model(ctx.request.model).walk(key)
+        eligible = {replica.name for replica in ctx.replicas}
+        rank = {name: position for position, name in enumerate(name for name in order if name in eligible)}
+        count = len(ctx.replicas)
+        return [1.0 - rank.get(replica.name, count) / count for replica in ctx.replicas]

@@ -1,0 +1,99 @@
+"""Real ZMQ PUB -> SUB over loopback into the prefix index, in both event encodings."""
+
+import asyncio
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import msgspec
+import pytest
+import zmq
+
+from radix.hashing import block_hashes, hash_to_bytes
+from radix.kv_event_format import BlockRemoved, BlockStored, EventBatch, frames
+from radix.kv_event_ingest import KVEventApplier
+from radix.kv_event_subscriber import KVEventSubscriber
+from radix.prefix_index import PrefixIndex
+from tests.procs import free_port
+
+BLOCK = 16
+MODEL = "smollm2-135m"
+PROMPT = list(range(1000, 1100))
+
+
+@pytest.fixture
+def publisher() -> Iterator[tuple[zmq.Socket, str]]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.bind(endpoint)
+    yield socket, endpoint
+    socket.close()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def subscribed(endpoint: str, socket: zmq.Socket) -> tuple[PrefixIndex, KVEventSubscriber, int]:
+    """A running subscriber past ZMQ's slow-joiner window (probes are sent until one lands),
+    and the sequence number the publisher sends next."""
+    index = PrefixIndex()
+    index.add_replica("r")
+    subscriber = KVEventSubscriber(endpoint, KVEventApplier(index, "r", MODEL, BLOCK))
+    subscriber.start()
+    probe = EventBatch(0.0, [BlockRemoved([b"probe"])])
+    sequence = 0
+    while subscriber.received == 0:
+        socket.send_multipart(frames("kv-events", sequence, probe))
+        sequence += 1
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    return index, subscriber, sequence
+
+
+async def test_bundled_engine_frames_update_the_index(publisher: tuple[zmq.Socket, str]) -> None:
+    socket, endpoint = publisher
+    index, subscriber, sequence = await subscribed(endpoint, socket)
+    hashes = block_hashes(PROMPT, BLOCK, MODEL)
+    stored = BlockStored([hash_to_bytes(h) for h in hashes], None, PROMPT[: len(hashes) * BLOCK], BLOCK)
+    socket.send_multipart(frames("kv-events", sequence, EventBatch(time.time(), [stored])))
+    await until(lambda: index.match(hashes) == {"r": 6})
+    assert subscriber.lost_batches == 0
+    assert subscriber.lag_s is not None and 0 <= subscriber.lag_s < 5
+    removed = EventBatch(time.time(), [BlockRemoved([hash_to_bytes(hashes[2])])])
+    socket.send_multipart(frames("kv-events", sequence + 10, removed))
+    await until(lambda: index.match(hashes) == {"r": 2})
+    assert subscriber.lost_batches == 9
+    await subscriber.stop()
+
+
+async def test_vllm_positional_events_with_int_hashes(publisher: tuple[zmq.Socket, str]) -> None:
+    """Older vLLM: events as arrays, 64-bit int hashes, 32-token blocks (two of ours)."""
+    socket, endpoint = publisher
+    index, subscriber, sequence = await subscribed(endpoint, socket)
+    stored = ["BlockStored", [2**63 + 5, 2**63 + 6], None, PROMPT[:64], 32, None, "GPU"]
+    payload = msgspec.msgpack.encode([time.time(), [stored], 0])
+    socket.send_multipart([b"kv-events", struct.pack(">Q", sequence), payload])
+    hashes = block_hashes(PROMPT, BLOCK, MODEL)
+    await until(lambda: index.match(hashes) == {"r": 4})
+    await subscriber.stop()
+
+
+async def test_garbage_is_counted_and_a_restart_clears_the_replica(publisher: tuple[zmq.Socket, str]) -> None:
+    socket, endpoint = publisher
+    index, subscriber, next_sequence = await subscribed(endpoint, socket)
+    socket.send_multipart([b"kv-events", b"short", b"\xc1"])
+    socket.send_multipart([b"kv-events", struct.pack(">Q", next_sequence), b"\xc1not msgpack"])
+    hashes = block_hashes(PROMPT, BLOCK, MODEL)
+    stored = BlockStored([hash_to_bytes(h) for h in hashes], None, PROMPT[:96], BLOCK)
+    socket.send_multipart(frames("kv-events", next_sequence + 1, EventBatch(0.0, [stored])))
+    await until(lambda: index.blocks("r") == 6)
+    assert subscriber.bad_messages == 2
+    socket.send_multipart(frames("kv-events", 0, EventBatch(0.0, [])))
+    await until(lambda: subscriber.restarts == 1)
+    assert index.blocks("r") == 0
+    await subscriber.stop()

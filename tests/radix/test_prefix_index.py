@@ -1,0 +1,198 @@
+"""The prefix index against a brute-force model: per replica, a list of blocks in LRU order."""
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radix.hashing import block_hashes
+from radix.prefix_index import PrefixIndex, eviction_target
+
+BLOCK = 2
+PROMPTS = st.lists(st.integers(0, 2), min_size=0, max_size=14)
+REPLICAS = ("a", "b", "c")
+
+
+def chain(tokens: list[int]) -> list[int]:
+    return block_hashes(tokens, BLOCK, "m")
+
+
+class ReferenceIndex:
+    """Obviously-correct model: lists in LRU order, linear scans everywhere."""
+
+    def __init__(self, max_blocks: int | None) -> None:
+        self.held: dict[str, list[int]] = {}
+        self.capacity: dict[str, int | None] = {}
+        self.max_blocks = max_blocks
+
+    def add(self, replica: str, capacity: int | None) -> None:
+        self.held[replica] = []
+        self.capacity[replica] = capacity
+
+    def nodes(self) -> set[int]:
+        return {block for blocks in self.held.values() for block in blocks}
+
+    def insert(self, replica: str, hashes: list[int]) -> None:
+        capacity = self.capacity[replica]
+        blocks = self.held[replica]
+        kept = hashes if capacity is None else hashes[:capacity]
+        for block in reversed(kept):
+            if block in blocks:
+                blocks.remove(block)
+            blocks.append(block)
+        if capacity is not None and len(blocks) > capacity:
+            del blocks[: len(blocks) - eviction_target(capacity)]
+        if self.max_blocks is not None and len(self.nodes()) > self.max_blocks:
+            target = eviction_target(self.max_blocks)
+            while len(self.nodes()) > target:
+                largest = max(self.held, key=lambda name: len(self.held[name]))
+                del self.held[largest][: len(self.nodes()) - target]
+
+    def match(self, hashes: list[int]) -> dict[str, int]:
+        matched = {}
+        for replica, blocks in self.held.items():
+            depth = 0
+            while depth < len(hashes) and hashes[depth] in blocks:
+                depth += 1
+            if depth:
+                matched[replica] = depth
+        return matched
+
+    def remove(self, replica: str, hashes: list[int]) -> None:
+        self.held[replica] = [block for block in self.held[replica] if block not in hashes]
+
+
+class IndexMachine(RuleBasedStateMachine):
+    @initialize(
+        capacities=st.tuples(*[st.one_of(st.none(), st.integers(1, 12)) for _ in REPLICAS]),
+        max_blocks=st.one_of(st.none(), st.integers(4, 30)),
+    )
+    def setup(self, capacities: tuple[int | None, ...], max_blocks: int | None) -> None:
+        self.index = PrefixIndex(max_blocks)
+        self.reference = ReferenceIndex(max_blocks)
+        self.parent: dict[int, int | None] = {}
+        self.now = 0.0
+        for replica, capacity in zip(REPLICAS, capacities):
+            self.index.add_replica(replica, capacity)
+            self.reference.add(replica, capacity)
+
+    def hashes_of(self, tokens: list[int]) -> list[int]:
+        hashes = chain(tokens)
+        for position, block in enumerate(hashes):
+            self.parent[block] = hashes[position - 1] if position else None
+        return hashes
+
+    @rule(replica=st.sampled_from(REPLICAS), tokens=PROMPTS, same_time=st.booleans())
+    def insert(self, replica: str, tokens: list[int], same_time: bool) -> None:
+        self.now += 0.0 if same_time else 1.0
+        hashes = self.hashes_of(tokens)
+        self.index.insert(replica, hashes, self.now)
+        self.reference.insert(replica, hashes)
+
+    @rule(tokens=PROMPTS)
+    def match(self, tokens: list[int]) -> None:
+        hashes = self.hashes_of(tokens)
+        assert self.index.match(hashes) == self.reference.match(hashes)
+
+    @rule(replica=st.sampled_from(REPLICAS), tokens=PROMPTS, start=st.integers(0, 6))
+    def remove(self, replica: str, tokens: list[int], start: int) -> None:
+        hashes = self.hashes_of(tokens)[start:]
+        self.index.remove(replica, hashes)
+        self.reference.remove(replica, hashes)
+
+    @rule(replica=st.sampled_from(REPLICAS))
+    def clear(self, replica: str) -> None:
+        self.index.clear(replica)
+        self.reference.held[replica] = []
+
+    @rule(replica=st.sampled_from(REPLICAS), capacity=st.one_of(st.none(), st.integers(1, 12)))
+    def replace_replica(self, replica: str, capacity: int | None) -> None:
+        self.index.remove_replica(replica)
+        del self.reference.held[replica]
+        self.index.add_replica(replica, capacity)
+        self.reference.add(replica, capacity)
+
+    @precondition(lambda self: self.now > 0)
+    @rule(replica=st.sampled_from(REPLICAS), back=st.floats(0, 3))
+    def expire(self, replica: str, back: float) -> None:
+        cutoff = self.now - back
+        dropped = self.index.expire(replica, cutoff)
+        blocks = self.reference.held[replica]
+        kept = [block for block in blocks if self.index.last_used(replica, block) is not None]
+        assert len(blocks) - len(kept) == dropped
+        self.reference.held[replica] = kept
+
+    @invariant()
+    def agrees_with_reference(self) -> None:
+        self.index.check_integrity()
+        for replica in REPLICAS:
+            assert list(self.index.lru_order(replica)) == self.reference.held[replica]
+        assert len(self.index) == len(self.reference.nodes())
+
+    @invariant()
+    def ancestors_are_evicted_after_descendants(self) -> None:
+        """I1: a held block's parent, when the replica holds it too, is more recently used."""
+        for replica in REPLICAS:
+            position = {block: i for i, block in enumerate(self.index.lru_order(replica))}
+            for block, i in position.items():
+                parent = self.parent.get(block)
+                assert parent not in position or position[parent] > i
+
+
+IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestIndexAgainstReference = IndexMachine.TestCase
+
+
+def test_match_walks_all_replicas_at_once() -> None:
+    index = PrefixIndex()
+    for replica in ("a", "b", "c"):
+        index.add_replica(replica)
+    system = chain(list(range(8)))
+    index.insert("a", system[:2], 1.0)
+    index.insert("b", system, 1.0)
+    index.insert("c", chain([9, 9, 9, 9]), 1.0)
+    assert index.match(system) == {"a": 2, "b": 4}
+    assert index.match(chain([7, 7])) == {}
+
+
+def test_capacity_evicts_least_recently_used_leaves_first() -> None:
+    index = PrefixIndex()
+    index.add_replica("a", capacity=64)
+    old, new = chain(list(range(128))), chain([1000 + t for t in range(128)])
+    index.insert("a", old, 1.0)
+    index.insert("a", new[:2], 2.0)
+    assert index.blocks("a") == eviction_target(64) == 63
+    assert index.match(old) == {"a": 61}
+    assert index.match(new) == {"a": 2}
+    assert index.evictions == 3
+    index.check_integrity()
+
+
+def test_remove_replica_frees_only_its_blocks() -> None:
+    index = PrefixIndex()
+    index.add_replica("a")
+    index.add_replica("b")
+    shared, own = chain([1, 2, 3, 4]), chain([5, 6])
+    index.insert("a", shared, 1.0)
+    index.insert("b", shared, 1.0)
+    index.insert("a", own, 1.0)
+    index.remove_replica("a")
+    assert len(index) == 2 and index.replicas == ["b"]
+    index.add_replica("c")
+    assert index.match(shared) == {"b": 2}
+    index.check_integrity()
+
+
+def test_global_cap_bounds_nodes() -> None:
+    index = PrefixIndex(max_blocks=100)
+    for replica in ("a", "b"):
+        index.add_replica(replica)
+    for i in range(50):
+        index.insert("a" if i % 2 else "b", chain([i] * 20), float(i))
+    assert len(index) <= 100
+    index.check_integrity()
+
+
+def test_unknown_replica_is_an_error() -> None:
+    with pytest.raises(KeyError):
+        PrefixIndex().insert("nobody", chain([1, 2]), 0.0)

@@ -1,0 +1,37 @@
+"""Synthetic requests and replica snapshots for routing tests."""
+
+import random
+
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import ReplicaSpec, Router
+from gateway.routing.types import ReplicaState, RouteRequest
+from radix.hashing import block_hashes
+
+BLOCK = 16
+MODEL = "m"
+
+
+def request(
+    prefix: int, prompt_tokens: int = 1024, request_id: str = "r", session_key: str | None = None, model: str = MODEL
+) -> RouteRequest:
+    """A prompt whose first 960 tokens are shared by all requests with the same ``prefix``."""
+    rng = random.Random(request_id)
+    tokens = [prefix * 7919 + i for i in range(960)] + [rng.randrange(50000) for _ in range(prompt_tokens - 960)]
+    hashes = block_hashes(tokens, BLOCK, model)
+    return RouteRequest(request_id, model, hashes, prompt_tokens, 32, session_key=session_key, token_ids=tokens)
+
+
+def state(
+    name: str, in_flight: int = 0, prefill_tokens: int = 0, model: str = MODEL, healthy: bool = True, **metrics: object
+) -> ReplicaState:
+    return ReplicaState(name, model, healthy, in_flight, prefill_tokens, **metrics)
+
+
+def router(policy: str = "cache_aware", names: tuple[str, ...] = ("a", "b", "c"), **config: object) -> Router:
+    specs = [ReplicaSpec(name, MODEL, None, None) for name in names]
+    return Router(RoutingConfig(policy=policy, **config), BLOCK, specs)
+
+
+def warm(router_: Router, replica: str, prefix: int) -> None:
+    """Make ``replica`` hold ``prefix`` (predicted mode) by routing a request there."""
+    router_.on_routed(request(prefix, request_id=f"warm-{replica}-{prefix}"), replica)

@@ -1,0 +1,165 @@
+"""Cache-aware routing end to end: simulated engines, a gateway, real processes on loopback.
+
+Predicted mode: a multi-turn conversation stays on one replica, whose reported cached tokens
+cover the earlier turns. Precise mode (engines publish KV events): the gateway's predicted
+cached tokens equal the engine-reported ones for every request of a sequential run, with
+eviction in play (the engines' caches are small).
+"""
+
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import zmq
+
+from radix.kv_event_format import BlockRemoved, parse_frames
+from tests.gateway_cluster import MODEL, gateway_config, gateway_for, running
+from tests.procs import ManagedProcess, free_port, http, start_engine
+
+NUM_BLOCKS = 32
+"""512 tokens per replica: a few of the run's prompts fit, so the engines evict."""
+SIM = ("--sim", "--sim-preset", "instant", "--num-blocks", str(NUM_BLOCKS), "--max-model-len", "512")
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+
+
+def text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def chat(messages: list[dict[str, str]], gateway: ManagedProcess) -> tuple[dict, dict[str, str]]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+    reply = http("POST", f"{gateway.url}/v1/chat/completions", body)
+    assert reply.status == 200, reply.body
+    return reply.json(), {key.lower(): value for key, value in reply.headers.items()}
+
+
+def cached_tokens(completion: dict) -> int:
+    return completion["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[ManagedProcess], list[str]]]:
+    tmp_path = tmp_path_factory.mktemp("routing-engines")
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(3)]
+    processes = start_engines_with_events(tmp_path, endpoints)
+    with running(processes):
+        yield processes, endpoints
+
+
+def start_engines_with_events(tmp_path: Path, endpoints: list[str]) -> list[ManagedProcess]:
+    """One engine per KV-event endpoint, started in parallel (each loads a tokenizer)."""
+    with ThreadPoolExecutor(len(endpoints)) as pool:
+        futures = [
+            pool.submit(start_engine, tmp_path, *SIM, "--kv-events", endpoint, name=f"engine{index}")
+            for index, endpoint in enumerate(endpoints)
+        ]
+    errors = [future.exception() for future in futures if future.exception() is not None]
+    started = [future.result() for future in futures if future.exception() is None]
+    if errors:
+        for process in started:
+            process.stop()
+        raise errors[0]
+    return started
+
+
+@pytest.fixture
+def predicted_gateway(engines: tuple[list[ManagedProcess], list[str]], tmp_path: Path) -> Iterator[ManagedProcess]:
+    processes, _ = engines
+    config = gateway_config(free_port(), processes, routing={"policy": "cache_aware"})
+    for backend in config["backends"]:
+        backend["kv_capacity_blocks"] = NUM_BLOCKS
+    with gateway_for(tmp_path, config) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def precise_gateway(engines: tuple[list[ManagedProcess], list[str]], tmp_path: Path) -> Iterator[ManagedProcess]:
+    processes, endpoints = engines
+    config = gateway_config(free_port(), processes, routing={"policy": "cache_aware"})
+    for backend, endpoint in zip(config["backends"], endpoints):
+        backend["kv_events"] = endpoint
+    with gateway_for(tmp_path, config) as gateway:
+        time.sleep(0.5)  # the gateway's SUB sockets connect asynchronously (ZMQ's slow joiner)
+        yield gateway
+
+
+def test_multi_turn_conversation_stays_on_its_replica(predicted_gateway: ManagedProcess) -> None:
+    messages = [{"role": "system", "content": text(1, 80)}, {"role": "user", "content": text(2, 12)}]
+    first, headers = chat(messages, predicted_gateway)
+    home = headers["x-kvgate-backend"]
+    previous_prompt = first["usage"]["prompt_tokens"]
+    reply = first["choices"][0]["message"]["content"]
+    for turn in range(3, 6):
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": text(turn, 10)}]
+        completion, headers = chat(messages, predicted_gateway)
+        assert headers["x-kvgate-backend"] == home
+        assert headers["x-kvgate-route-reason"] == "prefix-hit"
+        assert cached_tokens(completion) >= previous_prompt // 16 * 16
+        assert int(headers["x-kvgate-predicted-cached-tokens"]) >= previous_prompt // 16 * 16
+        previous_prompt = completion["usage"]["prompt_tokens"]
+        reply = completion["choices"][0]["message"]["content"]
+
+
+def test_precise_mode_predicts_engine_reported_cached_tokens(
+    precise_gateway: ManagedProcess, engines: tuple[list[ManagedProcess], list[str]]
+) -> None:
+    """After each answer the run waits until the gateway has read every KV event published so far."""
+    systems = [text(100 + group, 50 + 20 * group) for group in range(6)]
+    rng = random.Random(7)
+    outcomes = []
+    with EventWatch(engines[1]) as watch:
+        baseline = gateway_event_batches(precise_gateway)
+        for step in range(30):
+            group = rng.randrange(len(systems))
+            question = text(1000 + rng.randrange(6), 10)
+            messages = [{"role": "system", "content": systems[group]}, {"role": "user", "content": question}]
+            completion, headers = chat(messages, precise_gateway)
+            predicted = int(headers["x-kvgate-predicted-cached-tokens"])
+            outcomes.append((step, headers["x-kvgate-backend"], predicted, cached_tokens(completion)))
+            published = watch.drain()
+            deadline = time.monotonic() + 10
+            while gateway_event_batches(precise_gateway) - baseline < published:
+                assert time.monotonic() < deadline, "the gateway fell behind the engines' KV events"
+                time.sleep(0.01)
+        assert watch.removed_blocks > 0, "the engines evicted blocks during the run"
+    assert [(s, b, p) for s, b, p, _ in outcomes] == [(s, b, c) for s, b, _, c in outcomes]
+    assert sum(1 for *_, cached in outcomes if cached) >= 8, "the run exercises cache hits"
+    assert len({backend for _, backend, *_ in outcomes}) >= 2, "new prefixes spread over replicas"
+
+
+def gateway_event_batches(gateway: ManagedProcess) -> int:
+    reply = http("GET", f"{gateway.url}/dashboard/stats.json")
+    assert reply.status == 200, reply.body
+    return sum(counters["received"] for counters in reply.json()["prefix_index"]["index"]["kv_events"].values())
+
+
+class EventWatch:
+    """The test's own subscription to the engines' KV events: batches published, blocks evicted."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self._socket = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        for endpoint in endpoints:
+            self._socket.connect(endpoint)
+        self.batches = 0
+        self.removed_blocks = 0
+
+    def __enter__(self) -> "EventWatch":
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._socket.close()
+
+    def drain(self) -> int:
+        """Read what has arrived (waiting briefly for stragglers); returns the batches seen so far."""
+        while self._socket.poll(50):
+            _, batch = parse_frames(self._socket.recv_multipart())
+            self.batches += 1
+            self.removed_blocks += sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockRemoved))
+        return self.batches

@@ -1,0 +1,152 @@
+"""Each policy on synthetic replica snapshots: who is chosen, and the reason given."""
+
+from collections import Counter
+
+import pytest
+
+from gateway.routing.config import POLICIES
+from tests.routing.helpers import request, router, state, warm
+
+IDLE = [state("a"), state("b"), state("c")]
+
+
+def test_cache_aware_prefers_the_replica_holding_the_prefix() -> None:
+    r = router()
+    warm(r, "b", prefix=1)
+    decision = r.route(request(1), IDLE)
+    assert (decision.backend, decision.reason) == ("b", "prefix-hit")
+    assert decision.predicted_cached_tokens == 960
+    assert decision.ranked[0] == "b" and sorted(decision.ranked) == ["a", "b", "c"]
+
+
+def test_cache_aware_spills_a_hot_prefix_when_its_replica_is_busy() -> None:
+    r = router()
+    warm(r, "b", prefix=1)
+    slightly_busy = [state("a"), state("b", in_flight=2, prefill_tokens=128), state("c")]
+    assert r.route(request(1), slightly_busy).backend == "b"
+    swamped = [state("a", in_flight=1, prefill_tokens=64), state("b", in_flight=8, prefill_tokens=4000), state("c")]
+    decision = r.route(request(1), swamped)
+    assert (decision.backend, decision.reason) == ("c", "load-spill")
+    assert decision.predicted_cached_tokens == 0
+
+
+def test_cache_aware_does_not_spill_on_a_close_call() -> None:
+    """b's estimate is 1.5x an idle replica's full prefill: below the default spill ratio of 2."""
+    busy_b = [state("a", in_flight=1, prefill_tokens=2000), state("b", in_flight=1, prefill_tokens=1470), state("c")]
+    sticky = router()
+    warm(sticky, "b", prefix=1)
+    assert sticky.route(request(1), busy_b).backend == "b"
+    eager = router(spill_ttft_ratio=1.0)
+    warm(eager, "b", prefix=1)
+    assert (eager.route(request(1), busy_b).backend, eager.route(request(1), busy_b).reason) == ("c", "load-spill")
+
+
+def test_cache_aware_counts_replica_reported_queue() -> None:
+    r = router(decode_wait_s_per_request=0.5)
+    warm(r, "a", prefix=1)
+    decision = r.route(request(1), [state("a", num_running=10, num_waiting=5), state("b")])
+    assert (decision.backend, decision.reason) == ("b", "load-spill")
+
+
+def test_no_useful_match_goes_to_least_loaded_then_emptier_cache_then_name() -> None:
+    r = router(min_match_tokens=2000)
+    warm(r, "a", prefix=1)
+    decision = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=10), state("c")])
+    assert (decision.backend, decision.reason) == ("c", "no-match")
+    assert r.route(request(2), IDLE).backend == "b", "a holds blocks, b and c are empty: name decides"
+    fresh = router()
+    assert [fresh.route(request(9), IDLE).backend for _ in range(3)] == ["a", "a", "a"], "deterministic"
+
+
+def test_new_prefixes_spread_over_idle_replicas() -> None:
+    r = router()
+    placed = []
+    for prefix in range(6):
+        decision = r.route(request(prefix, request_id=str(prefix)), IDLE)
+        r.on_routed(request(prefix, request_id=str(prefix)), decision.backend)
+        placed.append(decision.backend)
+    assert Counter(placed) == {"a": 2, "b": 2, "c": 2}
+
+
+def test_prefix_affinity_ignores_load() -> None:
+    r = router("prefix_affinity")
+    warm(r, "b", prefix=1)
+    swamped = [state("a"), state("b", in_flight=50, prefill_tokens=100_000), state("c")]
+    assert (r.route(request(1), swamped).backend, r.route(request(1), swamped).reason) == ("b", "prefix-hit")
+    assert r.route(request(2), [state("a", in_flight=1, prefill_tokens=5), state("b"), state("c")]).reason == "no-match"
+
+
+def test_least_loaded() -> None:
+    r = router("least_loaded")
+    warm(r, "a", prefix=1)
+    replicas = [
+        state("a", in_flight=1, prefill_tokens=500),
+        state("b", in_flight=3, prefill_tokens=100),
+        state("c", in_flight=2, prefill_tokens=900),
+    ]
+    decision = r.route(request(1), replicas)
+    assert (decision.backend, decision.reason) == ("b", "least-loaded")
+    assert decision.ranked == ["b", "a", "c"]
+    assert decision.predicted_cached_tokens == 0
+
+
+def test_round_robin_cycles_in_name_order() -> None:
+    r = router("round_robin")
+    decisions = [r.route(request(1), IDLE) for _ in range(6)]
+    assert [d.backend for d in decisions] == ["a", "b", "c", "a", "b", "c"]
+    assert {d.reason for d in decisions} == {"round-robin"}
+    assert decisions[1].ranked == ["b", "c", "a"]
+
+
+def test_random_is_seedable_and_uses_every_replica() -> None:
+    picks = [[router("random", random_seed=7).route(request(1), IDLE).backend for _ in range(1)] for _ in range(2)]
+    assert picks[0] == picks[1]
+    r = router("random", random_seed=7)
+    chosen = [r.route(request(1), IDLE) for _ in range(60)]
+    assert {d.backend for d in chosen} == {"a", "b", "c"} and {d.reason for d in chosen} == {"random"}
+
+
+def test_session_is_sticky_and_survives_other_replicas_leaving() -> None:
+    r = router("session", names=("a", "b", "c", "d"))
+    replicas = [state(name) for name in "abcd"]
+    owners = {key: r.route(request(1, session_key=key), replicas).backend for key in map(str, range(40))}
+    assert set(owners.values()) == {"a", "b", "c", "d"}
+    for key, owner in owners.items():
+        decision = r.route(request(1, session_key=key), replicas)
+        assert (decision.backend, decision.reason) == (owner, "session")
+        without_fallback = [replica for replica in replicas if replica.name != decision.ranked[1]]
+        assert r.route(request(1, session_key=key), without_fallback).backend == owner
+
+
+def test_session_without_key_routes_cache_aware() -> None:
+    r = router("session")
+    warm(r, "c", prefix=4)
+    assert (r.route(request(4), IDLE).backend, r.route(request(4), IDLE).reason) == ("c", "prefix-hit")
+
+
+def test_scorer_weights_compose_policies() -> None:
+    r = router("cache_aware", scorers={"session_affinity": 10.0})
+    warm(r, "a", prefix=1)
+    sticky = r.route(request(1, session_key="user-42"), IDLE)
+    assert sticky.backend == r.route(request(5, session_key="user-42"), IDLE).backend
+
+
+def test_filters_keep_other_models_and_unhealthy_replicas_out() -> None:
+    r = router()
+    warm(r, "a", prefix=1)
+    replicas = [state("a", model="other"), state("b", in_flight=3, prefill_tokens=3000), state("c", healthy=False)]
+    assert r.route(request(1), replicas).backend == "b"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_ranks_every_eligible_replica(policy: str) -> None:
+    decision = router(policy).route(request(1, session_key="s"), IDLE)
+    assert sorted(decision.ranked) == ["a", "b", "c"] and decision.ranked[0] == decision.backend
+
+
+def test_replicas_without_a_measured_rate_are_assumed_as_fast_as_those_with_one() -> None:
+    r = router()
+    warm(r, "a", prefix=1)
+    measured_a = [state("a", prefill_tokens_per_s=1e6), state("b"), state("c")]
+    assert r.route(request(2), measured_a).backend == "b", "a's speed is no reason to pile new prefixes on it"
+    assert r.route(request(1), measured_a).backend == "a"
