@@ -2,12 +2,17 @@
 
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from gateway import handler
+from gateway import handler as endpoints
+from gateway.admission_status import admission_status
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError
+from gateway.observability_routes import add_routes as add_observability_routes
+from gateway.reload import CONFIG_PATH, reload_endpoint
 from gateway.state import GATEWAY, Gateway
 
 log = logging.getLogger("kvgate.gateway")
@@ -16,10 +21,10 @@ MAX_BODY_BYTES = 8 << 20
 
 
 @web.middleware
-async def openai_errors(request: web.Request, handler_: web.Handler) -> web.StreamResponse:
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error a client sees is OpenAI-shaped, including aiohttp's own (404, 405, 413)."""
     try:
-        return await handler_(request)
+        return await handler(request)
     except OpenAIError as error:
         return error.response()
     except web.HTTPException as exc:
@@ -32,12 +37,18 @@ async def openai_errors(request: web.Request, handler_: web.Handler) -> web.Stre
         return OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error").response()
 
 
-def create_app(config: KvgateConfig) -> web.Application:
+def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.Application:
+    """The app; ``config_path`` is the file that `POST /admin/reload` and SIGHUP re-read."""
     app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/v1/chat/completions", handler.chat_completions)
-    app.router.add_post("/v1/completions", handler.completions)
-    app.router.add_get("/v1/models", handler.list_models)
-    app.router.add_get("/health", handler.health)
+    if config_path is not None:
+        app[CONFIG_PATH] = config_path
+    app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
+    app.router.add_post("/v1/completions", endpoints.completions)
+    app.router.add_get("/v1/models", endpoints.list_models)
+    app.router.add_get("/health", endpoints.health)
+    app.router.add_post("/admin/reload", reload_endpoint)
+    app.router.add_get("/admin/backends", admission_status)
+    add_observability_routes(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         gateway = Gateway.build(config)

@@ -3,31 +3,39 @@
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from gateway.admission.kv_budget import fits
+from gateway.circuit_breaker import CircuitBreaker
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.types import ReplicaState
 
 log = logging.getLogger("kvgate.backends")
 
 
-@dataclass
+@dataclass(eq=False)
 class Backend:
     """One replica and what the gateway knows of it right now."""
 
     spec: BackendSpec
     model: str
+    breaker: CircuitBreaker
     healthy: bool = False
+    removed: bool = False
+    """Gone from the config: takes no new requests, leaves the pool once idle."""
     in_flight: int = 0
     in_flight_prefill_tokens: int = 0
+    kv_reserved_blocks: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     reported: dict = field(default_factory=dict)
     """The replica's own numbers from its /stats (bundled engine), refreshed by health checks."""
+    max_model_len: int | None = None
+    """The context length its /v1/models reports (bundled engine, vLLM), read when it turns healthy."""
     last_checked: float = 0.0
 
     @property
@@ -35,9 +43,26 @@ class Backend:
         return self.spec.name
 
     @property
+    def draining(self) -> bool:
+        return self.removed or self.spec.drain
+
+    @property
     def has_room(self) -> bool:
         limit = self.spec.max_concurrency
         return limit is None or self.in_flight < limit
+
+    @property
+    def kv_capacity_blocks(self) -> int | None:
+        reported = self.reported.get("num_blocks")
+        return self.spec.kv_capacity_blocks or (reported if isinstance(reported, int) else None)
+
+    @property
+    def usable(self) -> bool:
+        """May take a new request at all (load aside)."""
+        return self.healthy and not self.draining and self.breaker.allows_request()
+
+    def fits(self, kv_blocks: int) -> bool:
+        return self.has_room and fits(self.kv_reserved_blocks, kv_blocks, self.kv_capacity_blocks)
 
     def state(self) -> ReplicaState:
         return ReplicaState(
@@ -47,25 +72,28 @@ class Backend:
             in_flight=self.in_flight,
             in_flight_prefill_tokens=self.in_flight_prefill_tokens,
             max_concurrency=self.spec.max_concurrency,
-            num_running=self.reported.get("num_running"),
-            num_waiting=self.reported.get("num_waiting"),
-            kv_usage=self.reported.get("kv_usage"),
+            num_running=self.reported.get("running"),
+            num_waiting=self.reported.get("waiting"),
+            kv_usage=self.reported.get("kv_cache_usage"),
             prefill_tokens_per_s=self.reported.get("prefill_tokens_per_s"),
         )
 
     @contextmanager
-    def occupy(self, prefill_tokens: int) -> Iterator[None]:
-        """Count a request as in flight here for the duration of the block."""
+    def occupy(self, prefill_tokens: int, kv_blocks: int) -> Iterator[None]:
+        """Count a request as in flight here, holding its KV reservation, for the duration of the block."""
         self.in_flight += 1
         self.in_flight_prefill_tokens += prefill_tokens
+        self.kv_reserved_blocks += kv_blocks
+        self.breaker.on_request()
         try:
             yield
         finally:
             self.in_flight -= 1
             self.in_flight_prefill_tokens -= prefill_tokens
+            self.kv_reserved_blocks -= kv_blocks
 
-    def record_check(self, ok: bool, config: HealthConfig) -> None:
-        """Apply one health-check result with the configured thresholds."""
+    def record_check(self, ok: bool, config: HealthConfig) -> bool:
+        """Apply one health-check result with the configured thresholds; True when it turned healthy."""
         self.last_checked = time.monotonic()
         if ok:
             self.consecutive_failures = 0
@@ -73,12 +101,15 @@ class Backend:
             if not self.healthy and self.consecutive_successes >= config.healthy_after:
                 log.info("backend %s is healthy", self.name)
                 self.healthy = True
+                self.breaker.reset()
+                return True
         else:
             self.consecutive_successes = 0
             self.consecutive_failures += 1
             if self.healthy and self.consecutive_failures >= config.unhealthy_after:
                 log.warning("backend %s is unhealthy", self.name)
                 self.healthy = False
+        return False
 
 
 class BackendPool:
@@ -87,14 +118,59 @@ class BackendPool:
     def __init__(self, backends: list[Backend], health: HealthConfig) -> None:
         self.backends: dict[str, Backend] = {backend.name: backend for backend in backends}
         self.health = health
+        self._listeners: list[Callable[[], None]] = []
         self._checker: asyncio.Task | None = None
+
+    @classmethod
+    def from_specs(cls, specs: list[tuple[BackendSpec, str]], health: HealthConfig) -> "BackendPool":
+        return cls([Backend(spec, model, CircuitBreaker(spec.name, health)) for spec, model in specs], health)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every health-check round and config update (capacity may differ)."""
+        self._listeners.append(listener)
 
     def serving(self, model: str) -> list[Backend]:
         return [backend for backend in self.backends.values() if backend.model == model]
 
+    def usable(self, model: str) -> list[Backend]:
+        return [backend for backend in self.serving(model) if backend.usable]
+
     def available(self, model: str) -> list[Backend]:
-        """Healthy replicas of ``model`` below their concurrency cap."""
-        return [backend for backend in self.serving(model) if backend.healthy and backend.has_room]
+        """Usable replicas of ``model`` below their concurrency cap."""
+        return [backend for backend in self.usable(model) if backend.has_room]
+
+    def context_length(self, model: str) -> int | None:
+        """The smallest context length the model's replicas report."""
+        reported = [backend.max_model_len for backend in self.serving(model) if backend.max_model_len]
+        return min(reported) if reported else None
+
+    async def update(
+        self, specs: list[tuple[BackendSpec, str]], health: HealthConfig, session: aiohttp.ClientSession
+    ) -> None:
+        """Adopt a new config: add new backends, update changed ones, drain removed (and `drain:`) ones.
+
+        A new backend (or one moved to a new URL) is health-checked before it joins, so a reload
+        never leaves the pool with only replicas it has not checked yet.
+        """
+        wanted = {spec.name: (spec, model) for spec, model in specs}
+        fresh = [
+            Backend(spec, model, CircuitBreaker(name, health))
+            for name, (spec, model) in wanted.items()
+            if name not in self.backends or self.backends[name].spec.url != spec.url
+        ]
+        await asyncio.gather(*(self._check(session, backend) for backend in fresh))
+        self.health = health
+        self.backends.update({backend.name: backend for backend in fresh})
+        for name, backend in self.backends.items():
+            if name in wanted:
+                backend.spec, backend.model = wanted[name]
+                backend.removed = False
+                backend.breaker.config = health
+            elif not backend.removed:
+                log.info("backend %s removed from the config: draining", name)
+                backend.removed = True
+        self._drop_drained()
+        self._changed()
 
     async def start(self, session: aiohttp.ClientSession) -> None:
         await self.check_all(session)
@@ -107,6 +183,8 @@ class BackendPool:
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self._check(session, backend) for backend in list(self.backends.values())))
+        self._drop_drained()
+        self._changed()
 
     async def _check_forever(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -115,23 +193,41 @@ class BackendPool:
 
     async def _check(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=self.health.timeout_s)
+        url = backend.spec.url
         try:
-            async with session.get(f"{backend.spec.url}/health", timeout=timeout) as response:
+            async with session.get(f"{url}/health", timeout=timeout) as response:
                 ok = response.status == 200
             if ok:
-                backend.reported = await self._fetch_stats(session, backend, timeout)
+                backend.reported = await _get_json(session, f"{url}/stats", timeout) or {}
         except (aiohttp.ClientError, asyncio.TimeoutError):
             ok = False
-        backend.record_check(ok, self.health)
+        if backend.record_check(ok, self.health):
+            backend.max_model_len = _max_model_len(await _get_json(session, f"{url}/v1/models", timeout))
 
-    @staticmethod
-    async def _fetch_stats(session: aiohttp.ClientSession, backend: Backend, timeout: aiohttp.ClientTimeout) -> dict:
-        """The bundled engine's /stats; other engines (vLLM, SGLang) have none, which is fine."""
-        try:
-            async with session.get(f"{backend.spec.url}/stats", timeout=timeout) as response:
-                if response.status == 200:
-                    stats = await response.json()
-                    return stats if isinstance(stats, dict) else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            pass
-        return {}
+    def _drop_drained(self) -> None:
+        for name in [name for name, backend in self.backends.items() if backend.removed and not backend.in_flight]:
+            log.info("backend %s drained and removed", name)
+            del self.backends[name]
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> dict | None:
+    """A JSON object from ``url``, or None (other engines lack the bundled engine's /stats; that is fine)."""
+    try:
+        async with session.get(url, timeout=timeout) as response:
+            if response.status == 200:
+                value = await response.json(content_type=None)
+                return value if isinstance(value, dict) else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        pass
+    return None
+
+
+def _max_model_len(models: dict | None) -> int | None:
+    data = (models or {}).get("data")
+    lengths = [entry.get("max_model_len") for entry in data or [] if isinstance(entry, dict)]
+    lengths = [length for length in lengths if isinstance(length, int) and length > 0]
+    return min(lengths) if lengths else None

@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway.admission.config import LimitsConfig, TenantConfig
+from gateway.admission.config import AdminConfig, LimitsConfig, TenantConfig
+from gateway.observability_config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
 from normalize.config import NormalizeConfig
 
@@ -52,6 +53,8 @@ class BackendSpec(_Strict):
     """ZMQ endpoint of the replica's KV events (tcp://host:port); absent means predicted mode."""
     kv_capacity_blocks: int | None = Field(None, ge=1)
     """Blocks of `block_size` tokens the replica's KV cache holds, when its /stats cannot tell."""
+    drain: bool = False
+    """Send it no new requests and let in-flight ones finish (set it and reload before maintenance)."""
 
 
 class HealthConfig(_Strict):
@@ -59,6 +62,10 @@ class HealthConfig(_Strict):
     timeout_s: float = Field(1.0, gt=0)
     unhealthy_after: int = Field(2, ge=1)
     healthy_after: int = Field(1, ge=1)
+    eject_after_failures: int = Field(3, ge=1)
+    """Passive ejection: this many requests in a row failing on a replica open its circuit breaker."""
+    eject_s: float = Field(5.0, gt=0)
+    """How long an ejected replica rests before one probe request may try it again."""
 
 
 class TimeoutsConfig(_Strict):
@@ -80,8 +87,10 @@ class KvgateConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     normalize: NormalizeConfig = NormalizeConfig()
     tenants: list[TenantConfig] = []
+    admin: AdminConfig = AdminConfig()
     health: HealthConfig = HealthConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
     def _derive_backends(self) -> "KvgateConfig":

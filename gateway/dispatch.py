@@ -1,13 +1,25 @@
-"""Pick a replica for a routed request and forward it, retrying elsewhere while that is safe."""
+"""Admit a routed request, forward it to a replica, and retry elsewhere while that is safe.
+
+Per request: the tenant's concurrency and token budget (429), then a place on a replica that
+has both a free concurrency slot and room for the request's KV blocks, waiting in the fair
+admission queue when none has; then the proxy call. A failure before the first byte reached
+the client counts against the replica's circuit breaker and is retried on another replica
+(bounded, with backoff); after the first byte it never is.
+"""
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from gateway.backend_pool import BackendPool
+from gateway.admission.config import LimitsConfig
+from gateway.admission.kv_budget import blocks_needed
+from gateway.admission.queue import AdmissionQueue
+from gateway.admission.tenants import Tenant
+from gateway.backend_pool import Backend, BackendPool
 from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
 from gateway.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, forward
@@ -18,6 +30,7 @@ log = logging.getLogger("kvgate.dispatch")
 
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.05
+"""Wait before the n-th retry: RETRY_BACKOFF_S * 2**(n-1)."""
 
 
 @dataclass
@@ -25,60 +38,131 @@ class Dispatched:
     response: web.StreamResponse
     outcome: UpstreamOutcome
     decision: RouteDecision
+    queued_s: float = 0.0
+    """Time spent waiting in the admission queue, over all attempts."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: Backend
+    decision: RouteDecision
+    uncached_tokens: int
+    kv_blocks: int
+
+
+@dataclass(frozen=True)
+class Forwarding:
+    """What goes to the backend and back to the client, whatever replica serves it."""
+
+    path: str
+    body: dict
+    stream: bool
+    include_usage: bool
+    headers: dict[str, str]
+    client_request: web.Request
 
 
 class Dispatcher:
     def __init__(
-        self, pool: BackendPool, router: Router, session: aiohttp.ClientSession, timeouts: TimeoutsConfig
+        self,
+        pool: BackendPool,
+        router: Router,
+        session: aiohttp.ClientSession,
+        timeouts: TimeoutsConfig,
+        limits: LimitsConfig,
+        block_size: int,
     ) -> None:
         self.pool = pool
         self.router = router
         self.session = session
         self.timeouts = timeouts
+        self.block_size = block_size
+        self.queue = AdmissionQueue(limits.max_queue, limits.queue_timeout_s)
+        pool.on_change(self.queue.notify)
 
-    async def dispatch(
-        self,
-        request: RouteRequest,
-        path: str,
-        body: dict,
-        stream: bool,
-        include_usage: bool,
-        headers: dict[str, str],
-        client_request: web.Request,
-    ) -> Dispatched:
-        """Route, forward, and on a failure before the first byte try the next replica."""
+    def configure(self, timeouts: TimeoutsConfig, limits: LimitsConfig) -> None:
+        """Adopt reloaded timeouts and queue limits; waiting requests keep their place."""
+        self.timeouts = timeouts
+        self.queue.max_queue = limits.max_queue
+        self.queue.timeout_s = limits.queue_timeout_s
+        self.queue.notify()
+
+    async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
+        with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:
+            dispatched = await self._dispatch_with_retries(request, tenant, forwarding)
+            charge.used = _total_tokens(dispatched.outcome) or charge.taken
+        return dispatched
+
+    async def _dispatch_with_retries(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
         tried: set[str] = set()
+        queued_s = 0.0
         for attempt in range(MAX_ATTEMPTS):
-            candidates = [b for b in self.pool.available(request.model) if b.name not in tried]
-            if not candidates:
-                break
-            decision = self.router.route(request, [backend.state() for backend in candidates])
+            if attempt:
+                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+            waiting_since = time.perf_counter()
+            placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried))
+            queued_s += time.perf_counter() - waiting_since
+            decision = placement.decision
             if attempt:
                 decision = RouteDecision(decision.backend, "retry", decision.predicted_cached_tokens, decision.ranked)
+            try:
+                response, outcome = await self._forward(request, placement, decision, forwarding)
+            except UpstreamFailed as exc:
+                log.warning("request %s failed on %s before any byte: %s", request.request_id, decision.backend, exc)
+                tried.add(decision.backend)
+                continue
+            return Dispatched(response, outcome, decision, queued_s)
+        raise service_unavailable(
+            f"'{request.model}' failed on {len(tried)} replicas in a row; retry shortly", retry_after_s=1
+        )
+
+    def _place(self, request: RouteRequest, tried: set[str]) -> Placement | None:
+        """A replica with a free slot and room for the request's KV blocks; None when all are full."""
+        usable = [backend for backend in self.pool.usable(request.model) if backend.name not in tried]
+        if not usable:
+            raise service_unavailable(f"No healthy replica of '{request.model}' is available.", retry_after_s=1)
+        candidates = [backend for backend in usable if backend.has_room]
+        while candidates:
+            decision = self.router.route(request, [backend.state() for backend in candidates])
             backend = self.pool.backends[decision.backend]
-            self.router.on_routed(request, backend.name)
-            call = ProxyCall(
-                session=self.session,
-                url=f"{backend.spec.url}{path}",
-                body=body,
-                stream=stream,
-                include_usage=include_usage,
-                headers={**headers, **decision_headers(decision)},
-                timeouts=self.timeouts,
-            )
             uncached = request.prompt_tokens - decision.predicted_cached_tokens
-            with backend.occupy(uncached):
-                try:
-                    response, outcome = await forward(call, client_request)
-                except UpstreamFailed as exc:
-                    log.warning("request %s failed on %s before any byte: %s", request.request_id, backend.name, exc)
-                    self.router.on_finished(request, backend.name, None, ok=False)
-                    tried.add(backend.name)
-                    await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
-                    continue
-            self.router.on_finished(request, backend.name, _cached_tokens(outcome), ok=outcome.completed)
-            return Dispatched(response, outcome, decision)
-        raise service_unavailable(f"no healthy replica of '{request.model}' could take the request", retry_after_s=1)
+            kv_blocks = blocks_needed(uncached, request.max_tokens, self.block_size)
+            if backend.fits(kv_blocks):
+                return Placement(backend, decision, uncached, kv_blocks)
+            candidates.remove(backend)
+        return None
+
+    async def _forward(
+        self, request: RouteRequest, placement: Placement, decision: RouteDecision, forwarding: Forwarding
+    ) -> tuple[web.StreamResponse, UpstreamOutcome]:
+        """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit."""
+        backend = placement.backend
+        call = ProxyCall(
+            session=self.session,
+            url=f"{backend.spec.url}{forwarding.path}",
+            body=forwarding.body,
+            stream=forwarding.stream,
+            include_usage=forwarding.include_usage,
+            headers={**forwarding.headers, **decision_headers(decision)},
+            timeouts=self.timeouts,
+        )
+        self.router.on_routed(request, backend.name)
+        outcome: UpstreamOutcome | None = None
+        try:
+            with backend.occupy(placement.uncached_tokens, placement.kv_blocks):
+                response, outcome = await forward(call, forwarding.client_request)
+        except UpstreamFailed:
+            backend.breaker.record_failure()
+            raise
+        finally:
+            ok = outcome is not None and outcome.completed
+            self.router.on_finished(request, backend.name, _cached_tokens(outcome), ok=ok)
+            self.queue.notify()
+        if outcome.completed or outcome.status != 200:
+            backend.breaker.record_success()
+        elif not outcome.client_gone:
+            backend.breaker.record_failure()
+        return response, outcome
 
 
 def decision_headers(decision: RouteDecision) -> dict[str, str]:
@@ -89,9 +173,15 @@ def decision_headers(decision: RouteDecision) -> dict[str, str]:
     }
 
 
-def _cached_tokens(outcome: UpstreamOutcome) -> int | None:
-    if not outcome.usage:
+def _cached_tokens(outcome: UpstreamOutcome | None) -> int | None:
+    if outcome is None or not outcome.usage:
         return None
     details = outcome.usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     return cached if isinstance(cached, int) else None
+
+
+def _total_tokens(outcome: UpstreamOutcome) -> int | None:
+    """What the backend reports the request used; None when it did not say (then it counts as all)."""
+    total = (outcome.usage or {}).get("total_tokens")
+    return total if isinstance(total, int) else None

@@ -1,10 +1,15 @@
 """The request path of the gateway, top to bottom as DESIGN.md draws it."""
 
+import time
 import uuid
 
 import orjson
 from aiohttp import web
 
+from gateway.admission.forwarded_body import forwarded_body
+from gateway.admission.input_limits import check_input
+from gateway.admission.tenants import Tenant
+from gateway.dispatch import Forwarding
 from gateway.errors import OpenAIError, bad_request
 from gateway.openai_request import Endpoint, parse_request
 from gateway.routing.types import RouteRequest
@@ -23,32 +28,44 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+    started = time.perf_counter()
+    tenant: Tenant | None = None
     try:
+        tenant = gateway.tenants.authenticate(request)
         parsed = parse_request(await read_json(request), endpoint)
+        check_input(parsed.body, gateway.config.limits)
         model = gateway.models.get(parsed.model)
         normalized = model.normalizer.apply(parsed.body)
         token_ids = await model.token_ids(normalized.body, endpoint)
+        grant = gateway.limits.check(
+            model.name, tenant.caps, len(token_ids), parsed.max_tokens, gateway.default_max_tokens(endpoint)
+        )
+        cache_salt = tenant.cache_salt(parsed.cache_salt)
         route_request = RouteRequest(
             request_id=request_id,
             model=model.name,
-            block_hashes=block_hashes(token_ids, gateway.config.block_size, model.name, parsed.cache_salt),
+            block_hashes=block_hashes(token_ids, gateway.config.block_size, model.name, cache_salt),
             prompt_tokens=len(token_ids),
-            max_tokens=parsed.max_tokens or gateway.default_max_tokens(endpoint),
+            max_tokens=grant.max_tokens,
             session_key=request.headers.get("x-session-id") or parsed.user,
-            cache_salt=parsed.cache_salt,
+            cache_salt=cache_salt,
             token_ids=token_ids,
         )
-        dispatched = await gateway.dispatcher.dispatch(
-            route_request,
+        forwarding = Forwarding(
             path=endpoint.value,
-            body=normalized.body,
+            body=forwarded_body(normalized.body, grant, cache_salt),
             stream=parsed.stream,
             include_usage=parsed.include_usage,
             headers=response_headers(request_id, normalized.changed),
             client_request=request,
         )
+        dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding)
     except OpenAIError as error:
+        gateway.telemetry.observe_rejection(request_id, error, tenant.name if tenant else None, started)
         return error.response({"x-request-id": request_id})
+    gateway.telemetry.observe_completion(
+        route_request, model, normalized, parsed.stream, dispatched, tenant.name, started
+    )
     return dispatched.response
 
 
@@ -72,6 +89,7 @@ def response_headers(request_id: str, normalized_rules: list[str]) -> dict[str, 
 
 async def list_models(request: web.Request) -> web.Response:
     gateway: Gateway = request.app[GATEWAY]
+    gateway.tenants.authenticate(request)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "kvgate"} for name in gateway.models.models]
     return web.json_response({"object": "list", "data": data}, dumps=lambda value: orjson.dumps(value).decode())
 

@@ -28,6 +28,8 @@ class UpstreamOutcome:
     status: int
     usage: dict | None = None
     first_token_s: float | None = None
+    first_token_at: float | None = None
+    """`time.perf_counter()` when the first token (or the whole body) arrived."""
     completed: bool = False
     """The backend finished the answer (a stream reached [DONE], a body arrived whole)."""
     client_gone: bool = False
@@ -52,8 +54,11 @@ async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.Str
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     timeout = aiohttp.ClientTimeout(sock_connect=call.timeouts.connect_s, sock_read=None)
     try:
-        upstream = await call.session.post(
-            call.url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}, timeout=timeout
+        upstream = await asyncio.wait_for(
+            call.session.post(
+                call.url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}, timeout=timeout
+            ),
+            call.timeouts.first_token_s,
         )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
@@ -74,7 +79,8 @@ async def _relay_whole(
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
     if upstream.status >= 500:
         raise UpstreamFailed(f"backend answered {upstream.status}")
-    outcome = UpstreamOutcome(status=upstream.status, first_token_s=time.perf_counter() - started)
+    arrived = time.perf_counter()
+    outcome = UpstreamOutcome(status=upstream.status, first_token_s=arrived - started, first_token_at=arrived)
     if upstream.status == 200:
         outcome.completed = True
         outcome.usage = _usage_of(data)
@@ -96,7 +102,8 @@ async def _relay_stream(
         first = await anext(events)
     except (StopAsyncIteration, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
-    outcome.first_token_s = time.perf_counter() - started
+    outcome.first_token_at = time.perf_counter()
+    outcome.first_token_s = outcome.first_token_at - started
     response = web.StreamResponse(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

@@ -5,11 +5,13 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import ConfigError, KvgateConfig, load_config
+from gateway.reload import reload_on_signal
 
 SHUTDOWN_GRACE_S = 30.0
 
@@ -37,13 +39,17 @@ def main(argv: list[str]) -> int:
         config.listen.host = args.host
     if args.port is not None:
         config.listen.port = args.port
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, Path(args.config)))
     return 0
 
 
-async def serve(config: KvgateConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then drain in-flight requests for up to SHUTDOWN_GRACE_S."""
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain in-flight requests for up to SHUTDOWN_GRACE_S.
+
+    SIGHUP reloads ``config_path`` (see gateway/reload.py).
+    """
+    app = create_app(config, config_path)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     await site.start()
@@ -52,5 +58,6 @@ async def serve(config: KvgateConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_on_signal, app)
     await stop.wait()
     await runner.cleanup()

@@ -5,12 +5,16 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from gateway.backend_pool import Backend, BackendPool
-from gateway.config import KvgateConfig
+from gateway.admission.caps import RequestCaps
+from gateway.admission.tenants import TenantRegistry
+from gateway.backend_pool import BackendPool
+from gateway.config import BackendSpec, KvgateConfig
 from gateway.dispatch import Dispatcher
+from gateway.metrics_live import LiveStateCollector
 from gateway.openai_request import Endpoint
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.served_model import ModelRegistry
+from gateway.telemetry import Telemetry
 
 DEFAULT_MAX_TOKENS = {Endpoint.CHAT: 256, Endpoint.COMPLETIONS: 16}
 """What a request without max_tokens is assumed to need (OpenAI's completions default is 16)."""
@@ -24,21 +28,26 @@ class Gateway:
     router: Router
     session: aiohttp.ClientSession
     dispatcher: Dispatcher
+    tenants: TenantRegistry
+    limits: RequestCaps
+    telemetry: Telemetry
 
     @classmethod
     def build(cls, config: KvgateConfig) -> "Gateway":
         models = ModelRegistry.from_config(config)
-        pool = BackendPool(
-            [Backend(spec, config.backend_model(spec)) for spec in config.backends], config.health
-        )
+        pool = BackendPool.from_specs(backend_specs(config), config.health)
         router = Router(config.routing, config.block_size, replica_specs(config))
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        return cls(config, models, pool, router, session, Dispatcher(pool, router, session, config.timeouts))
+        dispatcher = Dispatcher(pool, router, session, config.timeouts, config.limits, config.block_size)
+        limits = RequestCaps(config.limits, pool.context_length)
+        telemetry = Telemetry(config.observability, config.block_size)
+        return cls(config, models, pool, router, session, dispatcher, TenantRegistry(config.tenants), limits, telemetry)
 
     def default_max_tokens(self, endpoint: Endpoint) -> int:
         return DEFAULT_MAX_TOKENS[endpoint]
 
     async def start(self) -> None:
+        self.telemetry.metrics.register(LiveStateCollector(self))
         await self.router.start()
         await self.pool.start(self.session)
 
@@ -46,6 +55,12 @@ class Gateway:
         await self.pool.stop()
         await self.router.stop()
         await self.session.close()
+        self.telemetry.close()
+
+
+def backend_specs(config: KvgateConfig) -> list[tuple[BackendSpec, str]]:
+    """Each backend with the model it serves."""
+    return [(backend, config.backend_model(backend)) for backend in config.backends]
 
 
 def replica_specs(config: KvgateConfig) -> list[ReplicaSpec]:

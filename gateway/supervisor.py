@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"kvgate up: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(run_deployment(config))
+    return asyncio.run(run_deployment(config, Path(args.config)))
 
 
 def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
@@ -56,7 +57,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-async def run_deployment(config: KvgateConfig) -> int:
+async def run_deployment(config: KvgateConfig, config_path: Path | None = None) -> int:
     children: list[asyncio.subprocess.Process] = []
     try:
         for index, engine in enumerate(config.engines):
@@ -66,7 +67,7 @@ async def run_deployment(config: KvgateConfig) -> int:
         await asyncio.gather(
             *(_wait_ready(engine, child) for engine, child in zip(config.engines, children, strict=True))
         )
-        await serve(config)
+        await serve(config, config_path)
         return 0
     except EngineFailedError as exc:
         print(f"kvgate up: {exc}", file=sys.stderr)

@@ -1,17 +1,91 @@
-"""The `limits:` and `tenants:` sections of config.yaml."""
+"""The `limits:`, `tenants:` and `admin:` sections of config.yaml.
 
-from pydantic import BaseModel, ConfigDict
+Secrets (API keys) may be written inline or as environment references (`${ENV:NAME}` or
+`env:NAME`); they are resolved when the config is loaded and kept as `SecretStr`, so a config
+that is printed or logged never shows them.
+"""
+
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+_ENV_REFERENCE = re.compile(r"^(?:\$\{ENV:(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|env:(?P<plain>[A-Za-z_][A-Za-z0-9_]*))$")
 
 
-class LimitsConfig(BaseModel):
+def resolve_secret(value: str) -> str:
+    """An inline secret as is, or the value of the environment variable it refers to."""
+    match = _ENV_REFERENCE.match(value.strip())
+    if match is None:
+        return value
+    name = match["braced"] or match["plain"]
+    resolved = os.environ.get(name)
+    if not resolved:
+        raise ValueError(f"environment variable {name} is not set or empty")
+    return resolved
+
+
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_prompt_tokens: int | None = None
-    max_tokens: int | None = None
+
+class TokenCaps(_Strict):
+    """Per-request token caps; a field left unset inherits from the level above."""
+
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_tokens_policy: Literal["reject", "clamp"] | None = None
+    """What a request asking for more than `max_tokens` gets: a 400, or the cap."""
+    context_length: int | None = Field(None, ge=1)
+    """Prompt + max_tokens bound; unset means what the model's replicas report (`max_model_len`)."""
+
+    def over(self, base: "TokenCaps") -> "TokenCaps":
+        """These caps where set, ``base`` elsewhere."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
 
 
-class TenantConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LimitsConfig(TokenCaps):
+    """Caps for every model (the fields inherited from TokenCaps), per model, and the admission queue."""
 
-    name: str
-    api_keys: list[str] = []
+    models: dict[str, TokenCaps] = {}
+    max_queue: int = Field(256, ge=0)
+    """Requests that may wait for a replica with room; one more gets 429."""
+    queue_timeout_s: float = Field(30.0, gt=0)
+    max_messages: int = Field(2048, ge=1)
+    max_content_chars: int = Field(1_000_000, ge=1)
+    """Characters of one message's content (all its text parts) or of a completions prompt."""
+    max_json_depth: int = Field(32, ge=2)
+
+    def caps_for(self, model: str) -> TokenCaps:
+        base = TokenCaps.model_validate(self.model_dump(include=set(TokenCaps.model_fields)))
+        override = self.models.get(model)
+        return override.over(base) if override else base
+
+
+class TenantConfig(_Strict):
+    name: str = Field(min_length=1)
+    api_keys: list[SecretStr] = Field(min_length=1)
+    max_concurrency: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    """Prompt + completion tokens per minute (a token bucket of one minute's worth)."""
+    isolate_cache: bool = False
+    """Give this tenant its own cache salt: no other tenant can hit (or time) its cached prefixes."""
+    limits: TokenCaps = TokenCaps()
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _resolve_keys(cls, keys: object) -> object:
+        if not isinstance(keys, list):
+            return keys
+        return [resolve_secret(key) if isinstance(key, str) else key for key in keys]
+
+
+class AdminConfig(_Strict):
+    api_key: SecretStr | None = None
+    """Bearer key for /admin/* and the dashboard; without one they answer loopback clients only."""
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _resolve_key(cls, key: object) -> object:
+        return resolve_secret(key) if isinstance(key, str) else key

@@ -1,0 +1,23 @@
+"""Bearer API keys: read from the Authorization header, compared in constant time, never logged."""
+
+import hmac
+
+from aiohttp import web
+
+from gateway.errors import OpenAIError
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def key_matches(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(
+        401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="kvgate"'}
+    )

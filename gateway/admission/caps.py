@@ -1,0 +1,72 @@
+"""Per-request token caps, checked after tokenization and before routing."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.admission.config import LimitsConfig, TokenCaps
+from gateway.errors import bad_request
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """What a request may generate, and whether the forwarded body must say so."""
+
+    max_tokens: int
+    forward: bool
+    """The client's max_tokens was absent or above the cap: the backend must be told the cap."""
+
+
+class RequestCaps:
+    """Caps from `limits:` (all models, per model), narrowed per tenant, and the model's context."""
+
+    def __init__(self, limits: LimitsConfig, reported_context: Callable[[str], int | None]) -> None:
+        self.limits = limits
+        self.reported_context = reported_context
+        """The smallest `max_model_len` the model's replicas report, or None."""
+
+    def check(
+        self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, requested: int | None, default: int
+    ) -> TokenGrant:
+        """Reject (400) or clamp; ``default`` is what a request without max_tokens is assumed to need."""
+        caps = tenant_caps.over(self.limits.caps_for(model))
+        if caps.max_prompt_tokens is not None and prompt_tokens > caps.max_prompt_tokens:
+            raise bad_request(
+                f"This request has {prompt_tokens} prompt tokens; the limit for '{model}' is {caps.max_prompt_tokens}.",
+                param="messages",
+                code="prompt_too_long",
+            )
+        context = caps.context_length or self.reported_context(model)
+        if context is not None and prompt_tokens >= context:
+            raise _context_exceeded(model, context, prompt_tokens, None)
+        room = None if context is None else context - prompt_tokens
+        grant = self._grant(caps, requested, default, room)
+        if requested is not None and room is not None and grant.max_tokens > room:
+            raise _context_exceeded(model, context, prompt_tokens, grant.max_tokens)
+        return grant
+
+    @staticmethod
+    def _grant(caps: TokenCaps, requested: int | None, default: int, room: int | None) -> TokenGrant:
+        cap = caps.max_tokens
+        if requested is None:
+            limit = min(value for value in (cap or default, room) if value is not None)
+            return TokenGrant(limit, forward=cap is not None)
+        if cap is None or requested <= cap:
+            return TokenGrant(requested, forward=False)
+        if caps.max_tokens_policy == "clamp":
+            return TokenGrant(cap, forward=True)
+        raise bad_request(
+            f"max_tokens is {requested}; the limit is {cap}.", param="max_tokens", code="max_tokens_too_large"
+        )
+
+
+def _context_exceeded(model: str, context: int, prompt_tokens: int, max_tokens: int | None) -> Exception:
+    if max_tokens is None:
+        detail = f"your messages resulted in {prompt_tokens} tokens, which leaves no room for a completion"
+    else:
+        detail = f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion)"
+    return bad_request(
+        f"This model's maximum context length is {context} tokens. However, {detail}. "
+        "Please reduce the length of the messages or completion.",
+        param="messages",
+        code="context_length_exceeded",
+    )

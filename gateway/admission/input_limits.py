@@ -1,0 +1,65 @@
+"""Caps on the shape of a request body: nesting depth, message count, content length.
+
+Checked right after the body is parsed, before any part of the gateway walks it; the body
+size itself is capped by aiohttp (`client_max_size`, 413).
+"""
+
+from typing import Any
+
+from gateway.admission.config import LimitsConfig
+from gateway.errors import bad_request
+
+_CONTAINERS = (dict, list)
+
+
+def check_input(body: dict[str, Any], limits: LimitsConfig) -> None:
+    """Raise 400 when the body nests too deep, has too many messages or too long a content."""
+    if _depth(body, limits.max_json_depth) > limits.max_json_depth:
+        raise bad_request(f"The request body nests deeper than {limits.max_json_depth} levels.", code="invalid_value")
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > limits.max_messages:
+            raise bad_request(
+                f"The request has {len(messages)} messages; the limit is {limits.max_messages}.",
+                param="messages",
+                code="too_many_messages",
+            )
+        for index, message in enumerate(messages):
+            if isinstance(message, dict):
+                _check_length(_content_chars(message.get("content")), limits, f"messages.{index}.content")
+    prompt = body.get("prompt")
+    if isinstance(prompt, (str, list)):
+        _check_length(len(prompt), limits, "prompt")
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value, counted no further than ``limit + 1`` (iteratively)."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if type(child) in _CONTAINERS)
+    return deepest
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return 0
+
+
+def _check_length(length: int, limits: LimitsConfig, param: str) -> None:
+    if length > limits.max_content_chars:
+        raise bad_request(
+            f"'{param}' is {length} characters long; the limit is {limits.max_content_chars}.",
+            param=param,
+            code="content_too_long",
+        )

@@ -1,0 +1,36 @@
+"""A token bucket holding one minute's worth of tokens: the tokens-per-minute budget of a tenant."""
+
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """Refills continuously at ``per_minute / 60`` tokens a second, up to ``per_minute``."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._level = float(per_minute)
+        self._updated = self._clock()
+
+    def try_take(self, tokens: int) -> float:
+        """Take ``tokens`` and return 0, or take nothing and return the seconds until they would fit.
+
+        A request larger than a whole minute's budget passes on a full bucket and leaves it in debt.
+        """
+        self._refill()
+        needed = min(tokens, self.per_minute)
+        if self._level >= needed:
+            self._level -= tokens
+            return 0.0
+        return (needed - self._level) * 60.0 / self.per_minute
+
+    def give_back(self, tokens: int) -> None:
+        """Return tokens taken but not used (a completion shorter than its max_tokens)."""
+        self._refill()
+        self._level = min(self._level + tokens, float(self.per_minute))
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._level = min(float(self.per_minute), self._level + (now - self._updated) * self.per_minute / 60.0)
+        self._updated = now

@@ -1,0 +1,55 @@
+"""Per-request token caps: prompt, max_tokens (reject or clamp), context length."""
+
+import pytest
+
+from gateway.admission.caps import RequestCaps, TokenGrant
+from gateway.admission.config import LimitsConfig, TokenCaps
+from gateway.errors import OpenAIError
+
+
+def caps(reported: int | None = None, **limits: object) -> RequestCaps:
+    return RequestCaps(LimitsConfig.model_validate(limits), lambda model: reported)
+
+
+def test_no_limits_passes_the_request_through() -> None:
+    assert caps().check("m", TokenCaps(), 100, 50, 256) == TokenGrant(50, forward=False)
+    assert caps().check("m", TokenCaps(), 100, None, 256) == TokenGrant(256, forward=False)
+
+
+def test_prompt_over_the_cap_is_rejected_with_both_numbers() -> None:
+    with pytest.raises(OpenAIError) as error:
+        caps(max_prompt_tokens=100).check("m", TokenCaps(), 101, 10, 256)
+    assert error.value.status == 400
+    assert "101" in error.value.message and "100" in error.value.message
+
+
+def test_max_tokens_over_the_cap_is_rejected_or_clamped() -> None:
+    with pytest.raises(OpenAIError) as error:
+        caps(max_tokens=64).check("m", TokenCaps(), 10, 100, 256)
+    assert error.value.param == "max_tokens"
+    assert caps(max_tokens=64, max_tokens_policy="clamp").check("m", TokenCaps(), 10, 100, 256) == TokenGrant(
+        64, forward=True
+    )
+
+
+def test_absent_max_tokens_gets_the_cap_forwarded() -> None:
+    assert caps(max_tokens=64).check("m", TokenCaps(), 10, None, 256) == TokenGrant(64, forward=True)
+
+
+def test_context_length_from_config_or_replicas() -> None:
+    with pytest.raises(OpenAIError) as error:
+        caps(context_length=100).check("m", TokenCaps(), 60, 50, 256)
+    assert error.value.code == "context_length_exceeded"
+    assert "100" in error.value.message and "110" in error.value.message
+    with pytest.raises(OpenAIError):
+        caps(reported=100).check("m", TokenCaps(), 100, None, 256)
+    assert caps(reported=100).check("m", TokenCaps(), 60, None, 256) == TokenGrant(40, forward=False)
+
+
+def test_model_and_tenant_overrides_narrow_the_defaults() -> None:
+    limits = caps(max_tokens=100, models={"small": {"max_tokens": 10}})
+    assert limits.check("big", TokenCaps(), 1, 50, 256).max_tokens == 50
+    with pytest.raises(OpenAIError):
+        limits.check("small", TokenCaps(), 1, 50, 256)
+    tenant = TokenCaps(max_tokens=5, max_tokens_policy="clamp")
+    assert limits.check("big", tenant, 1, 50, 256) == TokenGrant(5, forward=True)

@@ -1,0 +1,110 @@
+"""Caps and the admission queue through a real gateway in front of a simulated engine."""
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from tests.gateway_cluster import SLOW_SIM, chat, gateway_config, gateway_for, post, running, start_engines, stream
+from tests.procs import ManagedProcess, free_port
+
+MAX_CONCURRENCY = 2
+MAX_QUEUE = 2
+LIMITS = {
+    "max_prompt_tokens": 200,
+    "max_tokens": 64,
+    "max_queue": MAX_QUEUE,
+    "queue_timeout_s": 0.6,
+    "models": {"smollm2-135m": {"context_length": 256}},
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    tmp_path = tmp_path_factory.mktemp("limits")
+    with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
+        config = gateway_config(free_port(), engines, limits=LIMITS)
+        config["backends"][0]["max_concurrency"] = MAX_CONCURRENCY
+        with gateway_for(tmp_path, config) as gateway:
+            yield gateway
+
+
+async def call(gateway: ManagedProcess, body: dict) -> tuple[int, dict, dict]:
+    async with aiohttp.ClientSession() as session:
+        return await post(session, f"{gateway.url}/v1/chat/completions", body)
+
+
+def assert_openai_error(status: int, body: dict, expected: int, code: str) -> None:
+    assert status == expected, body
+    assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["code"] == code
+
+
+async def test_prompt_over_the_cap_is_400_with_both_numbers(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("word " * 300))
+    assert_openai_error(status, body, 400, "prompt_too_long")
+    assert "200" in body["error"]["message"]
+
+
+async def test_max_tokens_over_the_cap_is_400(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("hello", max_tokens=65))
+    assert_openai_error(status, body, 400, "max_tokens_too_large")
+
+
+async def test_prompt_plus_max_tokens_over_the_context_is_400(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("word " * 164, max_tokens=64))
+    assert_openai_error(status, body, 400, "context_length_exceeded")
+    assert "maximum context length is 256 tokens" in body["error"]["message"]
+
+
+async def test_n_above_one_is_400(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("hello", n=2))
+    assert status == 400 and body["error"]["param"] == "n"
+
+
+async def test_request_without_max_tokens_gets_the_cap(gateway: ManagedProcess) -> None:
+    body = chat("hello", ignore_eos=True)
+    del body["max_tokens"]
+    status, _, reply = await call(gateway, body)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 64
+
+
+async def test_burst_of_three_times_capacity_completes_or_gets_a_fast_429(gateway: ManagedProcess) -> None:
+    capacity = MAX_CONCURRENCY + MAX_QUEUE
+
+    async def one(session: aiohttp.ClientSession, index: int) -> tuple[int, dict, float]:
+        started = time.perf_counter()
+        status, headers, _ = await post(session, f"{gateway.url}/v1/chat/completions", chat(f"burst {index}", 10))
+        return status, headers, time.perf_counter() - started
+
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.wait_for(asyncio.gather(*(one(session, i) for i in range(3 * capacity))), 30)
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= capacity
+    rejected = [(headers, seconds) for status, headers, seconds in results if status == 429]
+    assert rejected and all(headers["Retry-After"] == "1" and seconds < 1.0 for headers, seconds in rejected)
+
+
+async def test_waiting_past_the_queue_timeout_is_503(gateway: ManagedProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        url = f"{gateway.url}/v1/chat/completions"
+        holders = [asyncio.create_task(stream(session, url, chat(f"hold {i}", 64, ignore_eos=True))) for i in range(2)]
+        await asyncio.sleep(0.3)
+        started = time.perf_counter()
+        status, headers, body = await post(session, url, chat("late"))
+        waited = time.perf_counter() - started
+        await asyncio.gather(*holders)
+    assert_openai_error(status, body, 503, "service_unavailable")
+    assert "queue timeout" in body["error"]["message"] and 0.5 < waited < 1.2 and headers["Retry-After"] == "1"
+
+
+async def test_body_over_the_size_limit_is_413(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("x" * (9 << 20)))
+    assert status == 413 and "error" in body
+
+
+async def test_unknown_fields_are_ignored(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("hello", 4, frobnicate={"deep": [1, 2]}, logit_bias={"1": 0}))
+    assert status == 200 and body["choices"]

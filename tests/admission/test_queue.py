@@ -1,0 +1,89 @@
+"""The admission queue: bounded, timed, fair across tenants, and left at once on cancellation."""
+
+import asyncio
+
+import pytest
+
+from gateway.admission.queue import AdmissionQueue
+from gateway.errors import OpenAIError
+
+
+class Slots:
+    """A replica with ``free`` slots; try_place takes one."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def take(self, label: str) -> str | None:
+        if self.free <= 0:
+            return None
+        self.free -= 1
+        return label
+
+
+async def test_admits_at_once_when_there_is_room() -> None:
+    queue = AdmissionQueue(max_queue=1, timeout_s=1)
+    assert await queue.admit("a", lambda: "placed") == "placed"
+    assert len(queue) == 0
+
+
+async def test_full_queue_answers_429_with_retry_after() -> None:
+    queue = AdmissionQueue(max_queue=1, timeout_s=5)
+    slots = Slots(0)
+    waiting = asyncio.create_task(queue.admit("a", lambda: slots.take("x")))
+    await asyncio.sleep(0)
+    with pytest.raises(OpenAIError) as error:
+        await queue.admit("a", lambda: slots.take("y"))
+    assert error.value.status == 429 and error.value.headers["Retry-After"] == "1"
+    waiting.cancel()
+
+
+async def test_waiting_too_long_answers_503() -> None:
+    queue = AdmissionQueue(max_queue=4, timeout_s=0.05)
+    with pytest.raises(OpenAIError) as error:
+        await queue.admit("a", lambda: None)
+    assert error.value.status == 503 and "queue timeout" in error.value.message
+    assert len(queue) == 0
+
+
+async def test_cancelled_waiter_leaves_the_queue_at_once() -> None:
+    queue = AdmissionQueue(max_queue=4, timeout_s=5)
+    waiting = asyncio.create_task(queue.admit("a", lambda: None))
+    await asyncio.sleep(0.01)
+    assert len(queue) == 1
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert len(queue) == 0
+
+
+async def test_tenants_take_turns() -> None:
+    queue = AdmissionQueue(max_queue=10, timeout_s=5)
+    slots = Slots(0)
+    admitted: list[str] = []
+
+    async def request(tenant: str, label: str) -> None:
+        admitted.append(await queue.admit(tenant, lambda: slots.take(label)))
+
+    tasks = [asyncio.create_task(request("a", f"a{i}")) for i in range(3)]
+    await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(request("b", "b0")))
+    await asyncio.sleep(0.01)
+    for _ in range(4):
+        slots.free += 1
+        queue.notify()
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*tasks)
+    assert admitted == ["a0", "b0", "a1", "a2"]
+
+
+async def test_newcomers_wait_behind_the_queue() -> None:
+    queue = AdmissionQueue(max_queue=10, timeout_s=5)
+    slots = Slots(0)
+    first = asyncio.create_task(queue.admit("a", lambda: slots.take("first")))
+    await asyncio.sleep(0.01)
+    slots.free = 1
+    second = asyncio.create_task(queue.admit("b", lambda: slots.take("second")))
+    assert await first == "first"
+    slots.free = 1
+    queue.notify()
+    assert await second == "second"

@@ -1,0 +1,109 @@
+"""Hypothesis sends well over 1,000 malformed requests: only OpenAI-shaped 4xx (or a 200), never a 5xx.
+
+The gateway must still serve afterwards, and its memory must stay flat.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.gateway_cluster import MODEL, chat, gateway_config, gateway_for, running, start_engines
+from tests.procs import ManagedProcess, free_port, http
+
+PATHS = ["/v1/chat/completions", "/v1/completions"]
+FIELDS = [
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+    "stream_options", "tools", "tool_choice", "cache_salt", "user", "stop", "seed", "logprobs", "response_format",
+    "ignore_eos", "unknown_field",
+]
+MESSAGE_FIELDS = ["role", "content", "name", "tool_calls"]
+EXAMPLES = 1200
+MAX_RSS_GROWTH_KIB = 30_000
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=16,
+)
+
+
+def base_body(path: str) -> dict:
+    if path == "/v1/completions":
+        return {"model": MODEL, "prompt": "Say something.", "max_tokens": 4}
+    return chat("Say something.", 4)
+
+
+@st.composite
+def mutated_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A valid body with one top-level field or one message field replaced by an arbitrary JSON value."""
+    path = draw(st.sampled_from(PATHS))
+    body = base_body(path)
+    if path == PATHS[0] and draw(st.booleans()):
+        body["messages"] = [{**body["messages"][0], draw(st.sampled_from(MESSAGE_FIELDS)): draw(json_values)}]
+    else:
+        body[draw(st.sampled_from(FIELDS))] = draw(json_values)
+    return path, json.dumps(body).encode()
+
+
+@st.composite
+def raw_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
+    """Bytes that are not a valid request at all: noise, truncations, bad UTF-8, deep nesting."""
+    path = draw(st.sampled_from(PATHS))
+    valid = json.dumps(base_body(path)).encode()
+    depth = draw(st.integers(1, 3000))
+    choices = [
+        draw(st.binary(max_size=200)),
+        valid[: draw(st.integers(0, len(valid) - 1))],
+        valid.replace(b"Say something.", draw(st.binary(min_size=1, max_size=20)).replace(b'"', b"") + b"\xff\xfe"),
+        b'{"model": "' + MODEL.encode() + b'", "messages": ' + b"[" * depth + b"]" * depth + b"}",
+        json.dumps({**base_body(path), "extra": json.loads("[" * min(depth, 900) + "]" * min(depth, 900))}).encode(),
+        json.dumps(draw(json_values)).encode(),
+    ]
+    return path, draw(st.sampled_from(choices))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    with running(start_engines(tmp_path, 1, "--sim", "--sim-preset", "instant")) as engines:
+        config = gateway_config(free_port(), engines, limits={"max_tokens": 8, "max_tokens_policy": "clamp"})
+        with gateway_for(tmp_path, config) as gateway:
+            yield gateway
+
+
+def send(gateway: ManagedProcess, path: str, body: bytes) -> None:
+    reply = http("POST", f"{gateway.url}{path}", body)
+    assert reply.status < 500, (path, body[:300], reply.status, reply.body[:300])
+    if reply.status >= 400:
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+
+
+@pytest.mark.slow
+def test_malformed_requests_never_get_a_5xx(gateway: ManagedProcess) -> None:
+    sent = []
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(mutated_bodies(), raw_bodies()))
+    def fuzz(request: tuple[str, bytes]) -> None:
+        send(gateway, *request)
+        sent.append(request)
+
+    fuzz()
+    warm_rss = rss_kib(gateway.proc.pid)
+    fuzz()
+    assert len(sent) >= 2 * 1000
+    assert rss_kib(gateway.proc.pid) - warm_rss < MAX_RSS_GROWTH_KIB
+    reply = http("POST", f"{gateway.url}/v1/chat/completions", json.dumps(chat("Still there?", 4)).encode())
+    assert reply.status == 200 and reply.json()["choices"]

@@ -1,0 +1,117 @@
+"""Hot reload under load drops nothing; a broken config is refused; shutdown drains in-flight requests."""
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.gateway_cluster import (
+    SLOW_SIM,
+    chat,
+    gateway_config,
+    gateway_for,
+    get_json,
+    post,
+    running,
+    start_engines,
+    stream,
+    write_config,
+)
+from tests.procs import ManagedProcess, free_port
+
+
+async def steady_load(url: str, until: float, streaming: bool, worker: int) -> list[tuple[int, bool]]:
+    """Requests back to back until ``until``: (status, whether the answer ended properly) for each."""
+    results = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        index = 0
+        while time.monotonic() < until:
+            body = chat(f"worker {worker} request {index}", 30, ignore_eos=True)
+            if streaming:
+                status, events = await stream(session, url, body)
+                results.append((status, bool(events) and events[-1] == b"[DONE]"))
+            else:
+                status, _, reply = await post(session, url, body)
+                results.append((status, reply["usage"]["completion_tokens"] == 30))
+            index += 1
+    return results
+
+
+async def backend_names(session: aiohttp.ClientSession, gateway: ManagedProcess) -> dict[str, bool]:
+    status = await get_json(session, f"{gateway.url}/admin/backends")
+    return {backend["name"]: backend["draining"] for backend in status["backends"]}
+
+
+async def reload(session: aiohttp.ClientSession, gateway: ManagedProcess) -> tuple[int, dict]:
+    status, _, body = await post(session, f"{gateway.url}/admin/reload", b"")
+    return status, body
+
+
+@pytest.mark.slow
+async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path: Path) -> None:
+    with running(start_engines(tmp_path, 3, *SLOW_SIM)) as engines:
+        config = gateway_config(free_port(), engines[:2])
+        with gateway_for(tmp_path, config) as gateway:
+            config_path = tmp_path / "gateway.yaml"
+            url = f"{gateway.url}/v1/chat/completions"
+            until = time.monotonic() + 4.0
+            load = [asyncio.create_task(steady_load(url, until, i % 2 == 1, i)) for i in range(8)]
+            async with aiohttp.ClientSession() as session:
+                await asyncio.sleep(1.0)
+                swapped = gateway_config(config["listen"]["port"], engines, limits={"max_tokens": 32})
+                swapped["backends"] = swapped["backends"][1:]
+                write_config(config_path, swapped)
+                status, body = await reload(session, gateway)
+                assert status == 200 and body["backends"] == ["e1", "e2"]
+                assert (await backend_names(session, gateway)).get("e0", True)
+
+                write_config(config_path, {**swapped, "limits": {"max_tokens": "many"}, "surprise": 1})
+                status, body = await reload(session, gateway)
+                assert status == 400 and body["error"]["code"] == "invalid_config"
+                assert "limits.max_tokens" in body["error"]["message"] and "surprise: unknown key" in body["error"]["message"]
+
+                status, _, body = await post(session, url, chat("over the new limit", 40))
+                assert status == 400 and body["error"]["code"] == "max_tokens_too_large"
+                results = await asyncio.wait_for(asyncio.gather(*load), 40)
+                await asyncio.sleep(1.0)
+                assert await backend_names(session, gateway) == {"e1": False, "e2": False}
+
+                drained = gateway_config(config["listen"]["port"], engines[:2])
+                drained["backends"][1]["drain"] = True
+                write_config(config_path, drained)
+                os.kill(gateway.proc.pid, signal.SIGHUP)
+                deadline = time.monotonic() + 10
+                while "e0" not in await backend_names(session, gateway) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                assert await backend_names(session, gateway) == {"e0": False, "e1": True}
+                for index in range(3):
+                    status, headers, _ = await post(session, url, chat(f"after drain {index}"))
+                    assert status == 200 and headers["x-kvgate-backend"] == "e0"
+
+                write_config(config_path, gateway_config(config["listen"]["port"], [engines[0]]) | {
+                    "backends": [{"name": "gone", "url": f"http://127.0.0.1:{free_port()}"}]
+                })
+                assert (await reload(session, gateway))[0] == 200
+                status, _, body = await post(session, url, chat("anyone there?"))
+                assert status == 503 and body["error"]["code"] == "service_unavailable"
+
+    outcomes = [outcome for worker in results for outcome in worker]
+    assert outcomes and all(status == 200 and complete for status, complete in outcomes)
+
+
+async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
+    with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
+        with gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway:
+            async with aiohttp.ClientSession() as session:
+                url = f"{gateway.url}/v1/chat/completions"
+                in_flight = asyncio.create_task(stream(session, url, chat("a long answer", 60, ignore_eos=True)))
+                await asyncio.sleep(0.3)
+                gateway.proc.send_signal(signal.SIGTERM)
+                status, events = await asyncio.wait_for(in_flight, 30)
+            assert status == 200 and events[-1] == b"[DONE]"
+            assert len([event for event in events if isinstance(event, dict) and event.get("choices")]) >= 60
+            assert await asyncio.to_thread(gateway.proc.wait, 30) == 0

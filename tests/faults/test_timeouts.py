@@ -1,0 +1,64 @@
+"""First-token and idle-stream timeouts against a simulated engine that takes 4 s per step."""
+
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from tests.gateway_cluster import MODEL, chat, gateway_config, gateway_for, post, running, start_engines, stream
+from tests.procs import ManagedProcess, free_port
+
+TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    tmp_path = tmp_path_factory.mktemp("timeouts")
+    stalled = start_engines(tmp_path, 1, "--sim", "--sim-preset", "instant", "--sim-step-overhead-s", "4")
+    with running(stalled + start_engines(tmp_path, 1, "--sim", "--sim-preset", "instant")) as engines:
+        config = gateway_config(
+            free_port(),
+            engines,
+            routing={"policy": "round_robin"},
+            timeouts={"first_token_s": TIMEOUT_S, "idle_stream_s": TIMEOUT_S},
+            health={"interval_s": 0.5, "eject_after_failures": 1000},
+        )
+        with gateway_for(tmp_path, config) as gateway:
+            yield gateway
+
+
+def completion(stream_: bool = False) -> dict:
+    return {"model": MODEL, "prompt": "Count to three.", "max_tokens": 4, "stream": stream_}
+
+
+async def test_stalled_stream_ends_with_an_error_event_after_the_idle_timeout(gateway: ManagedProcess) -> None:
+    """Chat streams send their first (role) chunk at once; the stalled replica then goes quiet."""
+    url = f"{gateway.url}/v1/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        outcomes = []
+        for index in range(2):
+            started = time.perf_counter()
+            status, events = await stream(session, url, chat(f"stream {index}", 4))
+            outcomes.append((status, events[-1], time.perf_counter() - started))
+    assert all(status == 200 for status, _, _ in outcomes)
+    stalled = [(last, seconds) for _, last, seconds in outcomes if last != b"[DONE]"]
+    assert len(stalled) == 1, outcomes
+    last, seconds = stalled[0]
+    assert last["error"]["type"] == "upstream_error" and TIMEOUT_S <= seconds < TIMEOUT_S + 2
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_no_first_token_in_time_is_retried_on_another_replica(gateway: ManagedProcess, streaming: bool) -> None:
+    url = f"{gateway.url}/v1/completions"
+    reasons = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            if streaming:
+                status, events = await stream(session, url, completion(True))
+                assert status == 200 and events[-1] == b"[DONE]"
+            else:
+                status, headers, body = await post(session, url, completion())
+                assert status == 200 and body["choices"], body
+                reasons.append(headers["x-kvgate-route-reason"])
+    assert streaming or "retry" in reasons

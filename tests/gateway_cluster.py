@@ -1,0 +1,99 @@
+"""A gateway in front of simulated engines, all real processes on loopback, for admission and fault tests."""
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from tests.procs import ManagedProcess, start_engine, start_gateway
+
+MODEL = "smollm2-135m"
+SLOW_SIM = ("--sim", "--sim-preset", "instant", "--sim-decode-base-s", "0.02")
+"""A simulated engine that emits about 50 tokens a second: streams long enough to interrupt."""
+
+
+def start_engines(tmp_path: Path, count: int, *flags: str) -> list[ManagedProcess]:
+    """``count`` engines started in parallel (each takes seconds to load its tokenizer)."""
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda index: start_engine(tmp_path, *flags, name=f"engine{index}"), range(count)))
+
+
+def gateway_config(port: int, engines: list[ManagedProcess], **sections: Any) -> dict[str, Any]:
+    """A gateway config for ``engines`` (backends e0, e1, ...) with fast health checks."""
+    backends = [{"name": f"e{index}", "url": engine.url} for index, engine in enumerate(engines)]
+    config: dict[str, Any] = {
+        "listen": {"port": port},
+        "model": MODEL,
+        "backends": backends,
+        "routing": {"policy": "least_loaded"},
+        "health": {"interval_s": 0.5, "timeout_s": 1.0},
+    }
+    config.update(sections)
+    return config
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextmanager
+def running(processes: list[ManagedProcess]) -> Iterator[list[ManagedProcess]]:
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.stop()
+
+
+@contextmanager
+def gateway_for(tmp_path: Path, config: dict[str, Any]) -> Iterator[ManagedProcess]:
+    config_path = write_config(tmp_path / "gateway.yaml", config)
+    gateway = start_gateway(tmp_path, config_path, config["listen"]["port"])
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def chat(content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **extra}
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
+    """POST and return (status, headers, parsed JSON body or raw bytes)."""
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    async with session.post(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}) as reply:
+        raw = await reply.read()
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            parsed = raw
+        return reply.status, dict(reply.headers), parsed
+
+
+async def stream(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, list[Any]]:
+    """POST a streaming request; return the status and every SSE data payload (parsed, or b"[DONE]")."""
+    async with session.post(url, json={**body, "stream": True}, headers=headers) as reply:
+        if reply.status != 200:
+            return reply.status, [await reply.json(content_type=None)]
+        events: list[Any] = []
+        async for line in reply.content:
+            if line.startswith(b"data: "):
+                payload = line[6:].strip()
+                events.append(payload if payload == b"[DONE]" else orjson.loads(payload))
+        return reply.status, events
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    async with session.get(url) as reply:
+        return await reply.json(content_type=None)
