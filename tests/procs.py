@@ -1,11 +1,13 @@
 """Start and stop real kvgate processes on loopback for tests."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,3 +100,24 @@ def start_engine(tmp_path: Path, *flags: str, name: str = "engine") -> ManagedPr
 def start_gateway(tmp_path: Path, config_path: Path, port: int) -> ManagedProcess:
     """A gateway (`kvgate gateway -c FILE`) whose config listens on ``port``."""
     return start(kvgate_cmd("gateway", "-c", str(config_path)), port, tmp_path / f"gateway-{port}.log")
+
+
+@dataclass
+class HttpReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+def http(method: str, url: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> HttpReply:
+    """One plain HTTP call that returns error statuses instead of raising (for bad-input tests)."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return HttpReply(response.status, dict(response.headers), response.read())
+    except urllib.error.HTTPError as error:
+        return HttpReply(error.code, dict(error.headers), error.read())
