@@ -79,17 +79,28 @@ class Backend:
         )
 
     @contextmanager
-    def occupy(self, prefill_tokens: int, kv_blocks: int) -> Iterator[None]:
-        """Count a request as in flight here, holding its KV reservation, for the duration of the block."""
+    def occupy(self, prefill_tokens: int, kv_blocks: int) -> Iterator[Callable[[], None]]:
+        """Count a request as in flight here, holding its KV reservation, for the duration of the block.
+
+        Yields ``prefill_done``: call it at the first token, when the replica has finished the
+        request's prefill, so routing stops counting those tokens as queued work here.
+        """
         self.in_flight += 1
         self.in_flight_prefill_tokens += prefill_tokens
         self.kv_reserved_blocks += kv_blocks
         self.breaker.on_request()
+        pending_prefill = prefill_tokens
+
+        def prefill_done() -> None:
+            nonlocal pending_prefill
+            self.in_flight_prefill_tokens -= pending_prefill
+            pending_prefill = 0
+
         try:
-            yield
+            yield prefill_done
         finally:
             self.in_flight -= 1
-            self.in_flight_prefill_tokens -= prefill_tokens
+            prefill_done()
             self.kv_reserved_blocks -= kv_blocks
 
     def record_check(self, ok: bool, config: HealthConfig) -> bool:

@@ -137,19 +137,20 @@ class Dispatcher:
     ) -> tuple[web.StreamResponse, UpstreamOutcome]:
         """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit."""
         backend = placement.backend
-        call = ProxyCall(
-            session=self.session,
-            url=f"{backend.spec.url}{forwarding.path}",
-            body=forwarding.body,
-            stream=forwarding.stream,
-            include_usage=forwarding.include_usage,
-            headers={**forwarding.headers, **decision_headers(decision)},
-            timeouts=self.timeouts,
-        )
         self.router.on_routed(request, backend.name)
         outcome: UpstreamOutcome | None = None
         try:
-            with backend.occupy(placement.uncached_tokens, placement.kv_blocks):
+            with backend.occupy(placement.uncached_tokens, placement.kv_blocks) as prefill_done:
+                call = ProxyCall(
+                    session=self.session,
+                    url=f"{backend.spec.url}{forwarding.path}",
+                    body=forwarding.body,
+                    stream=forwarding.stream,
+                    include_usage=forwarding.include_usage,
+                    headers={**forwarding.headers, **decision_headers(decision)},
+                    timeouts=self.timeouts,
+                    on_first_token=prefill_done,
+                )
                 response, outcome = await forward(call, forwarding.client_request)
         except UpstreamFailed:
             backend.breaker.record_failure()

@@ -8,7 +8,7 @@ calibration) and drop that final chunk again when the client did not ask for it.
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -45,6 +45,8 @@ class ProxyCall:
     headers: dict[str, str]
     """Headers the gateway adds to the client's response."""
     timeouts: TimeoutsConfig
+    on_first_token: Callable[[], None] = lambda: None
+    """Called once when the first streamed event arrives (the backend's prefill is done)."""
 
 
 async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
@@ -103,6 +105,7 @@ async def _relay_stream(
     except (StopAsyncIteration, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
     outcome.first_token_at = time.perf_counter()
+    call.on_first_token()
     outcome.first_token_s = outcome.first_token_at - started
     response = web.StreamResponse(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -51,7 +51,7 @@ async def _reload(gateway: Gateway, path: Path) -> KvgateConfig:
     if _model_sources(config) != _model_sources(gateway.config):
         models = await asyncio.to_thread(ModelRegistry.from_config, config)
     try:
-        gateway.router.update(config.routing, replica_specs(config))
+        gateway.router.update(config.routing, replica_specs(config, gateway.pool))
     except ValueError as exc:
         raise ConfigError(f"invalid config {path}: routing: {exc}") from None
     gateway.config = config

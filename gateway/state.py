@@ -48,8 +48,15 @@ class Gateway:
 
     async def start(self) -> None:
         self.telemetry.metrics.register(LiveStateCollector(self))
+        self.pool.on_change(self.sync_router_capacity)
         await self.router.start()
         await self.pool.start(self.session)
+
+    def sync_router_capacity(self) -> None:
+        """Give the router each replica's KV size as soon as the replica reports it (predicted mode)."""
+        specs = replica_specs(self.config, self.pool)
+        if specs != self.router.replicas:
+            self.router.update(self.config.routing, specs)
 
     async def stop(self) -> None:
         await self.pool.stop()
@@ -63,11 +70,22 @@ def backend_specs(config: KvgateConfig) -> list[tuple[BackendSpec, str]]:
     return [(backend, config.backend_model(backend)) for backend in config.backends]
 
 
-def replica_specs(config: KvgateConfig) -> list[ReplicaSpec]:
+def replica_specs(config: KvgateConfig, pool: BackendPool | None = None) -> list[ReplicaSpec]:
+    """What the router needs of each backend; capacity from the config, else as the replica reports it."""
     return [
-        ReplicaSpec(backend.name, config.backend_model(backend), backend.kv_events, backend.kv_capacity_blocks)
+        ReplicaSpec(
+            backend.name,
+            config.backend_model(backend),
+            backend.kv_events,
+            backend.kv_capacity_blocks or _reported_capacity(pool, backend.name),
+        )
         for backend in config.backends
     ]
+
+
+def _reported_capacity(pool: BackendPool | None, name: str) -> int | None:
+    backend = pool.backends.get(name) if pool is not None else None
+    return backend.kv_capacity_blocks if backend is not None else None
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

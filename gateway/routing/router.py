@@ -86,6 +86,10 @@ class Router:
         self._names = {spec.name for spec in replicas}
         self.tracker.update(config, replicas)
 
+    @property
+    def replicas(self) -> list[ReplicaSpec]:
+        return list(self._replicas)
+
     def stats(self) -> dict[str, object]:
         return {
             "policy": self.policy.name,
