@@ -1,0 +1,156 @@
+"""Attention over the paged KV cache with PyTorch's ``scaled_dot_product_attention``.
+
+A step's tokens are packed flat: first one token per single-token chunk (decodes, attended in
+one batched call, keys padded to the longest context and masked), then each multi-token chunk
+(prefill, attended one chunk at a time). A query at position ``p`` sees keys ``0 .. p`` (within
+the sliding window if the model has one): the causal mask is aligned bottom-right, since a
+chunk's queries start at ``start_pos`` while its keys start at 0.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv_cache import PagedKVCache
+from engine.runner_api import SeqChunk
+
+
+@dataclass
+class DecodeGroup:
+    """The step's single-token queries (flat tokens ``0 .. size - 1``)."""
+
+    block_tables: torch.Tensor
+    """``[size, max_blocks]``, padded with block 0 past each context."""
+    mask: torch.Tensor
+    """``[size, 1, 1, max_blocks * block_size]``: which gathered keys each query sees."""
+
+    @property
+    def size(self) -> int:
+        return self.block_tables.shape[0]
+
+
+@dataclass
+class PrefillChunk:
+    """One multi-token chunk: flat tokens ``begin .. end - 1`` at positions ``start_pos ..``."""
+
+    begin: int
+    end: int
+    block_table: torch.Tensor
+    context_len: int
+    mask: torch.Tensor | None
+    """``[queries, context_len]``; None when plain causal attention over the chunk's own keys is exact
+    (nothing cached before it, no window cut)."""
+
+
+@dataclass
+class AttentionMetadata:
+    slots: torch.Tensor
+    """``[tokens]`` cache slot of every flat token."""
+    decode: DecodeGroup | None
+    prefills: list[PrefillChunk]
+
+    @classmethod
+    def build(
+        cls, decodes: list[SeqChunk], prefills: list[SeqChunk], block_size: int, window: int | None, device: torch.device
+    ) -> "AttentionMetadata":
+        """Metadata for flat tokens laid out as ``decodes`` (one token each) then ``prefills``."""
+        slots: list[int] = []
+        for chunk in decodes + prefills:
+            table = chunk.block_table
+            slots.extend(
+                table[pos // block_size] * block_size + pos % block_size
+                for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids))
+            )
+        return cls(
+            slots=torch.tensor(slots, dtype=torch.long, device=device),
+            decode=_decode_group(decodes, block_size, window, device) if decodes else None,
+            prefills=_prefill_chunks(len(decodes), prefills, block_size, window, device),
+        )
+
+
+def _blocks_for(context_len: int, block_size: int) -> int:
+    return -(-context_len // block_size)
+
+
+def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    visible = key_pos <= query_pos
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    return visible
+
+
+def _decode_group(decodes: list[SeqChunk], block_size: int, window: int | None, device: torch.device) -> DecodeGroup:
+    context_lens = [chunk.start_pos + 1 for chunk in decodes]
+    max_blocks = _blocks_for(max(context_lens), block_size)
+    rows = []
+    for chunk, context_len in zip(decodes, context_lens):
+        used = chunk.block_table[: _blocks_for(context_len, block_size)]
+        rows.append(used + [0] * (max_blocks - len(used)))
+    tables = torch.tensor(rows, dtype=torch.long, device=device)
+    query_pos = torch.tensor([chunk.start_pos for chunk in decodes], device=device)[:, None]
+    key_pos = torch.arange(max_blocks * block_size, device=device)[None, :]
+    mask = _visible(query_pos, key_pos, window)
+    return DecodeGroup(tables, mask[:, None, None, :])
+
+
+def _prefill_chunks(
+    first_token: int, prefills: list[SeqChunk], block_size: int, window: int | None, device: torch.device
+) -> list[PrefillChunk]:
+    result = []
+    begin = first_token
+    for chunk in prefills:
+        count = len(chunk.token_ids)
+        context_len = chunk.start_pos + count
+        mask = None
+        if chunk.start_pos > 0 or (window is not None and context_len > window):
+            query_pos = torch.arange(chunk.start_pos, context_len, device=device)[:, None]
+            mask = _visible(query_pos, torch.arange(context_len, device=device)[None, :], window)
+        table = torch.tensor(chunk.block_table[: _blocks_for(context_len, block_size)], device=device)
+        result.append(PrefillChunk(begin, begin + count, table, context_len, mask))
+        begin += count
+    return result
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cache: PagedKVCache,
+    layer: int,
+    metadata: AttentionMetadata,
+) -> torch.Tensor:
+    """Store the step's ``key``/``value`` in the cache, then attend.
+
+    ``query`` is ``[tokens, heads, head_dim]``, ``key``/``value`` ``[tokens, kv_heads, head_dim]``;
+    returns ``[tokens, heads, head_dim]``. Inputs to SDPA are 4-D: with 3-D ones PyTorch falls back
+    from its CPU flash kernel to the slow math path.
+    """
+    cache.write(layer, metadata.slots, key, value)
+    out = torch.empty_like(query)
+    decode = metadata.decode
+    if decode is not None:
+        keys, values = cache.read(layer, decode.block_tables)
+        out[: decode.size] = F.scaled_dot_product_attention(
+            query[: decode.size, :, None, :],
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=decode.mask,
+            enable_gqa=True,
+        ).squeeze(2)
+    for chunk in metadata.prefills:
+        span = slice(chunk.begin, chunk.end)
+        if chunk.mask is None:
+            keys, values = key[span], value[span]
+        else:
+            keys, values = cache.read(layer, chunk.block_table)
+            keys, values = keys[: chunk.context_len], values[: chunk.context_len]
+        out[span] = F.scaled_dot_product_attention(
+            query[None, span].transpose(1, 2),
+            keys[None].transpose(1, 2),
+            values[None].transpose(1, 2),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            enable_gqa=True,
+        )[0].transpose(0, 1)
+    return out

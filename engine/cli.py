@@ -1,0 +1,196 @@
+"""``kvgate engine``: one bundled engine replica (real model, or ``--sim`` cost model) over HTTP."""
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+import zmq
+from aiohttp import web
+
+from engine.block_manager import BlockManager
+from engine.config import DEFAULT_MODEL, MAX_DEFAULT_MODEL_LEN, EngineConfig
+from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
+from engine.kv_events import DEFAULT_TOPIC, KVEventPublisher
+from engine.llm_engine import LLMEngine
+from engine.metrics import EngineMetrics
+from engine.runner_api import ModelRunner
+from engine.scheduler import Scheduler
+from engine.server import EngineServer
+from engine.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
+from normalize.chat_tokenizer import ChatTokenizer
+from normalize.model_files import ModelNotFoundError
+from planner.arch import ModelArch
+from planner.load import load_arch
+
+log = logging.getLogger("kvgate.engine")
+
+_SHUTDOWN_GRACE_S = 5.0
+"""On SIGTERM/SIGINT, requests in flight get this long to finish before they are cut."""
+
+_SIM_COST_FLAGS: dict[str, str] = {
+    field.name: f"--sim-{field.name.replace('_', '-')}" for field in dataclasses.fields(SimCosts)
+}
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate engine",
+        description="Run one bundled paged-cache engine replica with an OpenAI-compatible API.",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=DEFAULT_MODEL, help="bundled model name, a .gguf file or an HF folder (default: %(default)s)")
+    model.add_argument("--served-model-name", help="name clients send as 'model' (default: the --model value)")
+    model.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: %(default)s)")
+    model.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+        help="weights and activations dtype (default: %(default)s)",
+    )  # fmt: skip
+    model.add_argument(
+        "--max-model-len", type=positive_int,
+        help=f"longest prompt + output in tokens (default: the model's context, at most {MAX_DEFAULT_MODEL_LEN})",
+    )  # fmt: skip
+
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    server.add_argument("--port", type=positive_int, default=8100, help="port to listen on (default: %(default)s)")
+    server.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default: %(default)s)"
+    )
+
+    cache = parser.add_argument_group("KV cache")
+    cache.add_argument(
+        "--block-size", type=positive_int, default=16,
+        help="tokens per KV block; must match the gateway's block_size (default: %(default)s)",
+    )  # fmt: skip
+    sizing = cache.add_mutually_exclusive_group()
+    sizing.add_argument("--num-blocks", type=positive_int, help="exact number of KV blocks")
+    sizing.add_argument("--kv-cache-gib", type=positive_float, help="KV cache size in GiB (default on CPU: 1)")
+    sizing.add_argument(
+        "--gpu-memory-utilization", type=positive_float,
+        help="CUDA only: fraction of GPU memory for weights + KV (default on CUDA: 0.9)",
+    )  # fmt: skip
+    cache.add_argument(
+        "--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "fp8"], default="auto",
+        help="KV storage dtype; auto = --dtype, fp8 = e4m3 with a per-block scale (default: %(default)s)",
+    )  # fmt: skip
+    cache.add_argument("--kv-events", metavar="tcp://HOST:PORT", help="publish KV events (vLLM format) on a ZMQ PUB socket bound here")
+    cache.add_argument("--kv-events-topic", default=DEFAULT_TOPIC, help="topic frame of published KV events (default: %(default)s)")
+
+    batching = parser.add_argument_group("batching")
+    batching.add_argument("--max-num-seqs", type=positive_int, default=64, help="most sequences in one step (default: %(default)s)")
+    batching.add_argument(
+        "--max-num-batched-tokens", type=positive_int, default=2048,
+        help="token budget of one step; longer prompts are prefilled in chunks (default: %(default)s)",
+    )  # fmt: skip
+    batching.add_argument(
+        "--check-invariants", action="store_true", help="assert the block manager's invariants after every step (tests, debugging)"
+    )
+
+    sim = parser.add_argument_group(
+        "simulated mode",
+        "replace the forward pass by a cost model (no torch); step time = overhead + prefill tokens x cost + decode batch cost",
+    )
+    sim.add_argument("--sim", action="store_true", help="run the cost model instead of the real model")
+    sim.add_argument(
+        "--sim-preset", choices=sorted(SIM_PRESETS), default="smollm2-cpu", help="cost constants to start from (default: %(default)s)"
+    )
+    for name, flag in _SIM_COST_FLAGS.items():
+        sim.add_argument(flag, type=float, dest=f"sim_{name}", metavar="SECONDS", help=f"override the preset's {name}")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    sim_costs = None
+    if args.sim:
+        given = {name: getattr(args, f"sim_{name}") for name in _SIM_COST_FLAGS}
+        overrides = {name: value for name, value in given.items() if value is not None}
+        sim_costs = dataclasses.replace(SIM_PRESETS[args.sim_preset], **overrides)
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name or args.model,
+        host=args.host,
+        port=args.port,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_events=args.kv_events,
+        kv_events_topic=args.kv_events_topic,
+        sim_costs=sim_costs,
+        check_invariants=args.check_invariants,
+        log_level=args.log_level,
+    )
+
+
+def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenizer) -> ModelRunner:
+    if config.sim_costs is not None:
+        return SimRunner(config.block_size, budget.num_blocks, config.sim_costs, tokenizer.encode_text(SIM_TEXT))
+    from engine.model_runner import TorchModelRunner
+
+    return TorchModelRunner(config.model, config.block_size, budget.num_blocks, config.device, config.dtype, config.kv_cache_dtype)
+
+
+def plan_budget(config: EngineConfig, arch: ModelArch) -> KVBudget:
+    if config.device != "cuda" or config.sim:
+        return plan_kv_budget(config, arch)
+    import torch
+
+    return plan_kv_budget(config, arch, torch.cuda.mem_get_info)
+
+
+def build_server(config: EngineConfig) -> EngineServer:
+    arch = load_arch(config.model)
+    budget = plan_budget(config, arch)
+    log.info("%s", budget.describe())
+    tokenizer = ChatTokenizer.load(config.model)
+    runner = build_runner(config, budget, tokenizer)
+    block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name)
+    scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+    metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks)
+    publisher = KVEventPublisher(config.kv_events, config.kv_events_topic) if config.kv_events else None
+    engine = LLMEngine(runner, scheduler, tokenizer.tokenizer, metrics, publisher, config.check_invariants)
+    return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = build_server(config)
+    except (KVBudgetError, ModelNotFoundError, zmq.ZMQError) as exc:
+        print(f"kvgate engine: {exc}", file=sys.stderr)
+        return 2
+    mode = "simulated" if config.sim else f"{config.device}/{config.dtype}"
+    log.info("serving %s (%s) on http://%s:%d", config.served_model_name, mode, config.host, config.port)
+    web.run_app(
+        server.build_app(),
+        host=config.host,
+        port=config.port,
+        handler_cancellation=True,
+        shutdown_timeout=_SHUTDOWN_GRACE_S,
+        print=None,
+        access_log=None,
+    )
+    return 0

@@ -1,0 +1,44 @@
+"""Everything one engine replica is started with (built from the ``kvgate engine`` flags)."""
+
+from dataclasses import dataclass
+
+from engine.sim_runner import SimCosts
+
+DEFAULT_MODEL = "smollm2-135m"
+MAX_DEFAULT_MODEL_LEN = 8192
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    served_model_name: str = DEFAULT_MODEL
+    host: str = "127.0.0.1"
+    port: int = 8100
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str = "auto"
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    """None: the model's context length, capped at MAX_DEFAULT_MODEL_LEN."""
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_events: str | None = None
+    kv_events_topic: str = "kv-events"
+    sim_costs: SimCosts | None = None
+    """Set in simulated mode: the cost model that replaces the forward pass."""
+    check_invariants: bool = False
+    log_level: str = "INFO"
+
+    @property
+    def sim(self) -> bool:
+        return self.sim_costs is not None
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV storage dtype with 'auto' resolved to the model dtype."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype

@@ -1,0 +1,104 @@
+"""The KV pool: every layer's K and V, as fixed-size blocks addressed by slot.
+
+Slot ``s`` is offset ``s % block_size`` of block ``s // block_size``. The pool holds
+``[num_layers, 2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]``; reads gather whole
+blocks by block table and return them in the compute dtype.
+"""
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max
+
+
+class PagedKVCache:
+    """KV stored in a float dtype (the model's own, or a narrower one to fit more tokens)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        storage_dtype: torch.dtype,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.compute_dtype = compute_dtype
+        self.pool = torch.zeros(
+            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=storage_dtype, device=device
+        )
+        self._scratch = torch.empty(0, dtype=compute_dtype, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store ``key``/``value`` ``[tokens, kv_heads, head_dim]`` at ``slots`` ``[tokens]``."""
+        flat = self.pool[layer].flatten(1, 2)
+        flat[0].index_copy_(0, slots, key.to(flat.dtype))
+        flat[1].index_copy_(0, slots, value.to(flat.dtype))
+
+    def read(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks in ``block_tables`` ``[..., blocks]``: ``[..., blocks * block_size, heads, dim]``.
+
+        The result lives in a scratch buffer reused by the next ``read``: gathering into fresh
+        memory for every layer costs more in page faults than the copy itself.
+        """
+        blocks = self._gather(layer, block_tables)
+        tokens = blocks.view(2, *block_tables.shape[:-1], -1, *blocks.shape[-2:])
+        return tokens[0], tokens[1]
+
+    def _gather(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
+        """``[2, blocks, block_size, heads, dim]`` in the compute dtype, in the scratch buffer."""
+        pool = self.pool[layer]
+        indices = block_tables.flatten()
+        shape = (2, indices.numel(), *pool.shape[2:])
+        needed = torch.Size(shape).numel()
+        if self._scratch.numel() < needed:
+            self._scratch = torch.empty(needed, dtype=self._scratch.dtype, device=self._scratch.device)
+        out = self._scratch[:needed].view(shape)
+        if pool.dtype == out.dtype:
+            torch.index_select(pool, 1, indices, out=out)
+        else:
+            out.copy_(pool.index_select(1, indices))
+        return out
+
+
+class Fp8PagedKVCache(PagedKVCache):
+    """KV stored as float8 e4m3 with one float32 scale per (layer, K/V, block).
+
+    A write re-quantizes each block it touches as a whole: the block is dequantized, the new
+    tokens are put in, offsets past the last written one (stale data of an earlier owner) are
+    zeroed, and the scale becomes the block's absolute maximum over the e4m3 maximum.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__(num_layers, num_blocks, block_size, num_kv_heads, head_dim, FP8_DTYPE, compute_dtype, device)
+        self.scales = torch.ones(num_layers, 2, num_blocks, dtype=torch.float32, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        pool, scales = self.pool[layer], self.scales[layer]
+        touched, which_block = torch.unique(slots // self.block_size, return_inverse=True)
+        offsets = slots % self.block_size
+        last_offset = torch.zeros_like(touched).scatter_reduce_(0, which_block, offsets, "amax")
+        blocks = pool[:, touched].float() * scales[:, touched, None, None, None]
+        blocks[:, which_block, offsets] = torch.stack((key, value)).float()
+        written = torch.arange(self.block_size, device=slots.device) <= last_offset[:, None]
+        blocks *= written[None, :, :, None, None]
+        new_scales = (blocks.abs().amax(dim=(2, 3, 4)) / FP8_MAX).clamp_(min=torch.finfo(torch.float32).tiny)
+        pool[:, touched] = (blocks / new_scales[:, :, None, None, None]).to(FP8_DTYPE)
+        scales[:, touched] = new_scales
+
+    def _gather(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
+        blocks = super()._gather(layer, block_tables)
+        scales = self.scales[layer].index_select(1, block_tables.flatten())
+        return blocks.mul_(scales[:, :, None, None, None].to(blocks.dtype))

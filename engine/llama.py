@@ -1,0 +1,144 @@
+"""A Llama-family decoder (Llama, Qwen2, Mistral, SmolLM2) over the paged KV cache.
+
+Numerics follow transformers' own modeling code op for op (RMSNorm in float32, rotate-half RoPE
+with cos/sin from the same inverse frequencies), so float32 greedy output matches it token for
+token. Q/K/V and gate/up projections are fused into one matmul each; the rope table is computed
+once for every position.
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from engine.attention import AttentionMetadata, paged_attention
+from engine.kv_cache import PagedKVCache
+
+Weights = dict[str, torch.Tensor]
+
+
+class RMSNorm:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight = weight
+        self.eps = eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        hidden = hidden * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden.to(x.dtype)
+
+
+class RotaryEmbedding:
+    """cos/sin for every position up to ``max_position_embeddings``, in the compute dtype."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        rope = config.rope_parameters
+        rope_type = rope.get("rope_type", "default")
+        if rope_type == "dynamic":
+            raise ValueError("dynamic NTK rope changes with sequence length; a precomputed table cannot serve it")
+        if rope_type == "default":
+            inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float)
+        freqs = positions[:, None] * inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (angles.cos() * scaling).to(device=device, dtype=dtype)
+        self.sin = (angles.sin() * scaling).to(device=device, dtype=dtype)
+
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[tokens, 1, head_dim]`` (broadcast over heads)."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _fused(weights: Weights, names: list[str]) -> torch.Tensor | None:
+    parts = [weights[name] for name in names if name in weights]
+    if not parts:
+        return None
+    if len(parts) != len(names):
+        raise ValueError(f"some but not all of {names} are in the checkpoint")
+    return torch.cat(parts).contiguous()
+
+
+class DecoderLayer:
+    def __init__(self, config: PretrainedConfig, weights: Weights, prefix: str, head_dim: int) -> None:
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        attn, mlp = f"{prefix}.self_attn", f"{prefix}.mlp"
+        self.input_norm = RMSNorm(weights[f"{prefix}.input_layernorm.weight"], config.rms_norm_eps)
+        self.post_attention_norm = RMSNorm(weights[f"{prefix}.post_attention_layernorm.weight"], config.rms_norm_eps)
+        qkv = [f"{attn}.{name}_proj" for name in ("q", "k", "v")]
+        self.qkv_weight = _fused(weights, [f"{name}.weight" for name in qkv])
+        self.qkv_bias = _fused(weights, [f"{name}.bias" for name in qkv])
+        self.o_weight = weights[f"{attn}.o_proj.weight"]
+        self.o_bias = weights.get(f"{attn}.o_proj.bias")
+        gate_up = [f"{mlp}.gate_proj", f"{mlp}.up_proj"]
+        self.gate_up_weight = _fused(weights, [f"{name}.weight" for name in gate_up])
+        self.gate_up_bias = _fused(weights, [f"{name}.bias" for name in gate_up])
+        self.down_weight = weights[f"{mlp}.down_proj.weight"]
+        self.down_bias = weights.get(f"{mlp}.down_proj.bias")
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: PagedKVCache,
+        layer: int,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        qkv = F.linear(self.input_norm(x), self.qkv_weight, self.qkv_bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        query, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        cos, sin = rope
+        query = _rotate(query.view(tokens, self.num_heads, self.head_dim), cos, sin)
+        key = _rotate(key.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        value = value.view(tokens, self.num_kv_heads, self.head_dim)
+        attended = paged_attention(query, key, value, cache, layer, metadata)
+        x = x + F.linear(attended.view(tokens, q_size), self.o_weight, self.o_bias)
+        gate, up = F.linear(self.post_attention_norm(x), self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+
+class LlamaForPagedLM:
+    """The whole model: embed, decoder layers over the paged cache, final norm, LM head."""
+
+    def __init__(self, config: PretrainedConfig, weights: Weights, dtype: torch.dtype, device: torch.device) -> None:
+        if config.hidden_act != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: Llama-family models use silu")
+        weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in weights.items()}
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.sliding_window: int | None = (
+            getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        )
+        self.embed = weights["model.embed_tokens.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.norm = RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
+        self.rope = RotaryEmbedding(config, self.head_dim, dtype, device)
+        self.layers = [
+            DecoderLayer(config, weights, f"model.layers.{index}", self.head_dim) for index in range(self.num_layers)
+        ]
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[tokens, hidden]``; writes every token's KV into ``cache``."""
+        x = F.embedding(input_ids, self.embed)
+        rope = self.rope.at(positions)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, rope, cache, index, metadata)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

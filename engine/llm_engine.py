@@ -1,0 +1,272 @@
+"""The engine loop: requests in, token deltas out, one step at a time on a worker thread.
+
+The aiohttp event loop never computes: it hands commands (add, abort, reset) to the engine
+thread through a queue, and the engine thread hands each step's outputs back with one
+``call_soon_threadsafe``. Scheduler, block manager and runner are touched only by the engine
+thread, so they need no locks.
+"""
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from engine.block_manager import BlockManager
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_events import KVEventPublisher
+from engine.metrics import EngineMetrics
+from engine.runner_api import ModelRunner, SamplingParams
+from engine.scheduler import ScheduledStep, Scheduler
+from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+_PREFILL_RATE_DECAY = 0.9
+"""Weight kept by past steps in the measured prefill rate (an exponential moving average)."""
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: new text and tokens, and counts for ``usage``."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    error: str | None = None
+
+
+class EngineError(RuntimeError):
+    """The engine failed while computing a request (not the client's fault)."""
+
+
+_Delivery = tuple[asyncio.Queue[RequestOutput], RequestOutput]
+"""An output and the queue of the request it belongs to."""
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    outputs: asyncio.Queue[RequestOutput]
+    cache_lookup_counted: bool = False
+    last_token_time: float | None = None
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer: Tokenizer,
+        metrics: EngineMetrics,
+        publisher: KVEventPublisher | None = None,
+        check_invariants: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.block_manager: BlockManager = scheduler.block_manager
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.publisher = publisher
+        self.check_invariants = check_invariants
+        self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._requests: dict[int, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._prefill_tokens = 0.0
+        self._prefill_seconds = 0.0
+        metrics.track_state(
+            lambda: self.block_manager.usage, lambda: len(self.scheduler.running), lambda: len(self.scheduler.waiting)
+        )
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the engine thread after its current step and close the event publisher."""
+        if self._thread is not None:
+            self._commands.put(None)
+            self._thread.join()
+            self._thread = None
+        if self.publisher is not None:
+            self.publisher.close()
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        max_total_tokens: int,
+        eos_token_id: int | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; closing the iterator early aborts the request."""
+        seq = Sequence(next(self._seq_ids), prompt_token_ids, sampling, max_total_tokens, cache_salt, eos_token_id)
+        request = _Request(seq, IncrementalDetokenizer(self.tokenizer, sampling.stop), asyncio.Queue())
+        self._commands.put(lambda: self._add(request))
+        finished = False
+        try:
+            while not finished:
+                output = await request.outputs.get()
+                if output.error is not None:
+                    raise EngineError(output.error)
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self._commands.put(lambda: self._abort(seq.seq_id))
+
+    def reset_prefix_cache(self) -> None:
+        self._commands.put(self.block_manager.reset_prefix_cache)
+
+    def stats(self) -> dict[str, float | int]:
+        """A cheap snapshot for the gateway; read from another thread, so only approximately consistent."""
+        block_manager = self.block_manager
+        return {
+            "block_size": block_manager.block_size,
+            "num_blocks": block_manager.num_blocks,
+            "free_blocks": block_manager.num_free_blocks,
+            "cached_free_blocks": block_manager.num_cached_free_blocks,
+            "cached_blocks": block_manager.num_cached_blocks,
+            "kv_cache_usage": block_manager.usage,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefill_tokens_per_s": self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else 0.0,
+        }
+
+    def _run(self) -> None:
+        stalled = False
+        while self._apply_commands(wait=stalled or not self.scheduler.has_work):
+            stalled = False
+            if self.scheduler.has_work:
+                try:
+                    stalled = not self._step()
+                except Exception as exc:
+                    log.exception("engine step failed; failing every request in flight")
+                    self._fail_all(f"engine step failed: {exc}")
+            self._publish_events()
+
+    def _apply_commands(self, wait: bool) -> bool:
+        """Run queued commands, first waiting for one if ``wait``; False once asked to stop."""
+        block = wait
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            if command is None:
+                return False
+            command()
+            block = False
+
+    def _add(self, request: _Request) -> None:
+        self._requests[request.seq.seq_id] = request
+        self.scheduler.add(request.seq)
+
+    def _abort(self, seq_id: int) -> None:
+        request = self._requests.pop(seq_id, None)
+        if request is not None:
+            self.scheduler.finish(request.seq)
+            self.runner.release(seq_id)
+
+    def _step(self) -> bool:
+        """Schedule and compute one step; False if nothing could be scheduled."""
+        preemptions_before = self.scheduler.num_preemptions
+        step = self.scheduler.schedule()
+        self.metrics.num_preemptions.inc(self.scheduler.num_preemptions - preemptions_before)
+        if not step.chunks:
+            return False
+        started = time.monotonic()
+        sampled = self.runner.execute(step.chunks)
+        now = time.monotonic()
+        self._record_prefill_rate(step, now - started)
+        self.scheduler.postprocess(step, sampled)
+        deliveries = [self._advance(seq, token_id, now) for seq, token_id in zip(step.seqs, sampled)]
+        if self.check_invariants:
+            self.block_manager.assert_invariants()
+        ready = [delivery for delivery in deliveries if delivery is not None]
+        if ready:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(_deliver, ready)
+        return True
+
+    def _publish_events(self) -> None:
+        events = self.block_manager.drain_events()
+        if self.publisher is not None:
+            self.publisher.publish(events)
+
+    def _advance(self, seq: Sequence, token_id: int | None, now: float) -> _Delivery | None:
+        request = self._requests[seq.seq_id]
+        if not request.cache_lookup_counted:
+            request.cache_lookup_counted = True
+            self.metrics.prefix_cache_queries.inc(seq.num_prompt_tokens)
+            self.metrics.prefix_cache_hits.inc(seq.num_cached_tokens or 0)
+            self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
+        if token_id is None:
+            return None
+        self._observe_latency(request, now)
+        request.detokenizer.add_token(token_id)
+        if request.detokenizer.stopped:
+            seq.finish_reason = "stop"
+        finished = seq.finish_reason is not None
+        if finished:
+            self._requests.pop(seq.seq_id)
+            self.scheduler.finish(seq)
+            self.runner.release(seq.seq_id)
+            self.metrics.request_success.inc()
+            self.metrics.e2e_latency.observe(now - seq.arrival_time)
+        output = RequestOutput(
+            text=request.detokenizer.take_delta(final=finished),
+            token_ids=[token_id],
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+        )
+        return request.outputs, output
+
+    def _observe_latency(self, request: _Request, now: float) -> None:
+        if request.last_token_time is None:
+            self.metrics.time_to_first_token.observe(now - request.seq.arrival_time)
+        else:
+            self.metrics.inter_token_latency.observe(now - request.last_token_time)
+        request.last_token_time = now
+        self.metrics.generation_tokens.inc()
+
+    def _record_prefill_rate(self, step: ScheduledStep, seconds: float) -> None:
+        tokens = step.num_prefill_tokens
+        if tokens:
+            self._prefill_tokens = self._prefill_tokens * _PREFILL_RATE_DECAY + tokens
+            self._prefill_seconds = self._prefill_seconds * _PREFILL_RATE_DECAY + seconds
+
+    def _fail_all(self, message: str) -> None:
+        """Finish every request with an error output and start over with an empty batch."""
+        failed = []
+        for seq_id, request in list(self._requests.items()):
+            seq = request.seq
+            self.scheduler.finish(seq)
+            self.runner.release(seq_id)
+            output = RequestOutput("", [], True, "error", seq.num_prompt_tokens, seq.num_output_tokens, 0, message)
+            failed.append((request.outputs, output))
+        self._requests.clear()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(_deliver, failed)
+
+
+def _deliver(outputs: list[_Delivery]) -> None:
+    for output_queue, output in outputs:
+        output_queue.put_nowait(output)

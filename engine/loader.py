@@ -1,0 +1,88 @@
+"""Find a model's config and float weights: bundled SmolLM2, a GGUF file, or an HF folder.
+
+A GGUF model is dequantized by transformers once (seconds) and saved as safetensors plus
+``config.json`` in ``ModelSource.cache_dir / "hf"``; every later load reads that folder. The folder
+appears by an atomic rename, so a crashed or concurrent conversion never leaves half a cache (the
+loser of a race drops its copy).
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from normalize.model_files import ModelSource, resolve_model
+
+
+@dataclass
+class LoadedModel:
+    config: PretrainedConfig
+    weights: dict[str, torch.Tensor]
+    """HF parameter names (``model.layers.0.self_attn.q_proj.weight`` ...) to tensors."""
+
+
+def load_hf_config(model: str) -> dict:
+    """The model's HF config as a dict, without loading or converting weights."""
+    source = resolve_model(model)
+    folder = _float_weights_dir(source)
+    if (folder / "config.json").is_file():
+        return AutoConfig.from_pretrained(folder).to_dict()
+    return _gguf_config(source).to_dict()
+
+
+def load_model(model: str, device: str = "cpu") -> LoadedModel:
+    """Config and weights (as stored: float32 for a converted GGUF) on ``device``."""
+    source = resolve_model(model)
+    folder = _float_weights_dir(source)
+    if source.gguf_file is not None and not (folder / "config.json").is_file():
+        _convert_gguf(source, folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(file, device=device))
+    return LoadedModel(AutoConfig.from_pretrained(folder), weights)
+
+
+def _float_weights_dir(source: ModelSource) -> Path:
+    return source.hf_dir if source.hf_dir is not None else source.cache_dir / "hf"
+
+
+def _gguf_config(source: ModelSource) -> PretrainedConfig:
+    """The GGUF's config as transformers reads it, completed as the converted folder stores it."""
+    assert source.gguf_file is not None
+    config = AutoConfig.from_pretrained(source.gguf_file.parent, gguf_file=source.gguf_file.name)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = torch.float32
+    return config
+
+
+def _convert_gguf(source: ModelSource, target: Path) -> None:
+    """Dequantize the GGUF with transformers and save it as an HF folder at ``target``.
+
+    ``save_pretrained`` refuses a model loaded from GGUF, so config and tensors are saved apart.
+    """
+    assert source.gguf_file is not None
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        source.gguf_file.parent, gguf_file=source.gguf_file.name, dtype=torch.float32
+    )
+    config = _gguf_config(source)
+    state = hf_model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    partial.mkdir(parents=True)
+    config.save_pretrained(partial)
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, partial / "model.safetensors")
+    try:
+        partial.replace(target)
+    except OSError:
+        shutil.rmtree(partial)
+        if not (target / "config.json").is_file():
+            raise

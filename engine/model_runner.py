@@ -1,0 +1,90 @@
+"""The real model behind the scheduler: one ``execute`` call computes one step over the paged cache."""
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.kv_cache import Fp8PagedKVCache, PagedKVCache
+from engine.llama import LlamaForPagedLM
+from engine.loader import load_model
+from engine.runner_api import SeqChunk
+from engine.sampler import Sampler
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
+
+
+class TorchModelRunner:
+    """Implements ``engine.runner_api.ModelRunner`` with the Llama-family forward in ``engine.llama``.
+
+    Single-token chunks (decodes) are attended in one batched call; longer chunks (prefill) one
+    by one; all linear layers run once over the step's packed tokens. ``eos_token_id`` is the
+    config's (the first, where it lists several). Beyond the pool, attention needs a scratch buffer
+    as large as the K/V a step gathers (batch x longest context, in the compute dtype).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        block_size: int,
+        num_blocks: int,
+        device: str = "cpu",
+        dtype: str = "float32",
+        kv_cache_dtype: str = "auto",
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {kv_cache_dtype!r}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        compute_dtype = DTYPES[dtype]
+        loaded = load_model(model, device)
+        self.hf_config: dict = loaded.config.to_dict()
+        eos = loaded.config.eos_token_id
+        self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
+        self.model = LlamaForPagedLM(loaded.config, loaded.weights, compute_dtype, self.device)
+        shape = (self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads, self.model.head_dim)
+        if kv_cache_dtype == "fp8":
+            self.kv_cache: PagedKVCache = Fp8PagedKVCache(*shape, compute_dtype, self.device)
+        else:
+            storage = compute_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+            self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
+        self.sampler = Sampler(self.device)
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        if not chunks:
+            return []
+        order = sorted(range(len(chunks)), key=lambda index: len(chunks[index].token_ids) > 1)
+        ordered = [chunks[index] for index in order]
+        decodes = [chunk for chunk in ordered if len(chunk.token_ids) == 1]
+        metadata = AttentionMetadata.build(
+            decodes, ordered[len(decodes) :], self.block_size, self.model.sliding_window, self.device
+        )
+        token_ids = [token for chunk in ordered for token in chunk.token_ids]
+        positions = [pos for chunk in ordered for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids))]
+        hidden = self.model.hidden_states(
+            torch.tensor(token_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            self.kv_cache,
+            metadata,
+        )
+        results: list[int | None] = [None] * len(chunks)
+        sampled_indices, last_rows = [], []
+        end = 0
+        for index, chunk in zip(order, ordered):
+            end += len(chunk.token_ids)
+            if chunk.sample:
+                sampled_indices.append(index)
+                last_rows.append(end - 1)
+        if sampled_indices:
+            logits = self.model.logits(hidden[torch.tensor(last_rows, device=self.device)])
+            sampled = [chunks[index] for index in sampled_indices]
+            tokens = self.sampler(logits, [c.sampling for c in sampled], [c.num_generated for c in sampled])
+            for index, token in zip(sampled_indices, tokens):
+                results[index] = token
+        return results
+
+    def release(self, seq_id: int) -> None:
+        """Nothing to forget: seeded draws derive from (seed, num_generated), not from kept state."""

@@ -1,0 +1,64 @@
+"""Pick the next token of each sequence from its logits: greedy, or temperature / top-k / top-p.
+
+Random draws use the exponential race (``argmax(probs / q)`` with ``q ~ Exp(1)``), which picks token
+``i`` with probability ``probs[i]``. A seeded sequence draws ``q`` from a generator seeded by
+``(seed, num_generated)``, so a sequence that is preempted and recomputed samples the same tokens
+without the runner keeping any per-sequence state.
+"""
+
+import torch
+
+from engine.runner_api import SamplingParams
+
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+_SEED_MASK = (1 << 63) - 1
+
+
+def step_seed(seed: int, num_generated: int) -> int:
+    """A generator seed per (request seed, step), spread so nearby steps are unrelated."""
+    return (seed * _SEED_STRIDE + num_generated * 0xBF58476D1CE4E5B9) & _SEED_MASK
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set logits outside each row's top-k and top-p nucleus to -inf (``top_k`` 0 = no cut)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    kth_largest = sorted_logits.gather(-1, (vocab - k)[:, None])
+    sorted_logits.masked_fill_(sorted_logits < kth_largest, float("-inf"))
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    outside_nucleus = cumulative <= (1 - top_p)[:, None]
+    outside_nucleus[:, -1] = False
+    sorted_logits.masked_fill_(outside_nucleus, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int]) -> list[int]:
+        """One token per row of ``logits`` ``[rows, vocab]`` (float32)."""
+        tokens = logits.argmax(dim=-1)
+        sampled = [row for row, p in enumerate(params) if not p.greedy]
+        if sampled:
+            rows = torch.tensor(sampled, device=self.device)
+            chosen = [params[row] for row in sampled]
+            tokens[rows] = self._draw(logits[rows], chosen, [num_generated[row] for row in sampled])
+        return tokens.tolist()
+
+    def _draw(self, logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int]) -> torch.Tensor:
+        temperature = torch.tensor([p.temperature for p in params], device=self.device)
+        logits = logits / temperature[:, None]
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            top_k = torch.tensor([p.top_k for p in params], device=self.device)
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs)
+        for row, (p, step) in enumerate(zip(params, num_generated)):
+            generator = None
+            if p.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(step_seed(p.seed, step))
+            noise[row].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)

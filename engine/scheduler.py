@@ -1,0 +1,126 @@
+"""Continuous batching with chunked prefill and preemption by recomputation.
+
+Each step spends a token budget: running sequences first, oldest first (a decode costs one
+token, an unfinished prefill takes the next chunk that fits), then waiting sequences in arrival
+order while blocks and the sequence cap allow. When a running sequence needs a block and none is
+free, the newest running sequence is preempted: its blocks are freed (its full blocks stay in the
+prefix cache) and it goes back to the head of the queue to be recomputed.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.runner_api import SeqChunk
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledStep:
+    seqs: list[Sequence]
+    chunks: list[SeqChunk]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of chunks that are not single-token decodes."""
+        return sum(len(chunk.token_ids) for chunk in self.chunks if len(chunk.token_ids) > 1)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledStep:
+        """Pick this step's chunks; admitted sequences are given blocks and counted as running."""
+        budget = self.max_num_batched_tokens
+        step = ScheduledStep([], [])
+        preempted = False
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            preemptions_before = self.num_preemptions
+            if not self._make_room(seq):
+                preempted = True
+                break
+            preempted |= self.num_preemptions > preemptions_before
+            budget -= self._add_chunk(step, seq, budget)
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.allocate(seq):
+                break
+            self.waiting.popleft()
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= self._add_chunk(step, seq, budget)
+        return step
+
+    def postprocess(self, step: ScheduledStep, sampled: list[int | None]) -> None:
+        """Record computed chunks, cache newly full blocks and append sampled tokens."""
+        for seq, chunk, token_id in zip(step.seqs, step.chunks, sampled):
+            seq.num_computed_tokens += len(chunk.token_ids)
+            self.block_manager.register_computed_blocks(seq)
+            if token_id is not None:
+                seq.append_token(token_id)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """Ensure ``seq`` has blocks for all its tokens, preempting newer sequences as needed.
+
+        Returns False when ``seq`` itself had to be preempted.
+        """
+        while not self.block_manager.can_append(seq):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.block_manager.append_slots(seq)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _add_chunk(self, step: ScheduledStep, seq: Sequence, budget: int) -> int:
+        start = seq.num_computed_tokens
+        end = start + min(seq.num_uncomputed_tokens, budget)
+        step.seqs.append(seq)
+        step.chunks.append(
+            SeqChunk(
+                seq_id=seq.seq_id,
+                token_ids=seq.token_ids[start:end],
+                start_pos=start,
+                block_table=seq.block_table[: self.block_manager.blocks_for(end)],
+                sample=end == len(seq.token_ids),
+                sampling=seq.sampling,
+                num_generated=seq.num_output_tokens,
+            )
+        )
+        return end - start

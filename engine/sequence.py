@@ -1,0 +1,74 @@
+"""One request's tokens and its place in the paged KV cache."""
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.runner_api import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """A prompt and its generated tokens.
+
+    ``token_ids`` holds prompt and output together; the KV of its first ``num_computed_tokens``
+    positions is in the blocks of ``block_table``. A preempted sequence keeps its output and drops
+    its blocks: its next prefill recomputes prompt + output, mostly from the prefix cache.
+    """
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    max_total_tokens: int
+    """Hard cap on prompt + output (the engine's max model length)."""
+    cache_salt: str | None = None
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(init=False)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None
+    """Prompt tokens found in the prefix cache at first admission (None until admitted)."""
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    """Chained hashes of the full blocks of ``token_ids`` computed so far (grows lazily)."""
+    num_registered_blocks: int = 0
+    """Leading blocks of ``block_table`` already offered to the prefix cache."""
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        """Add a sampled token and set ``finish_reason`` if it ends the sequence."""
+        self.token_ids.append(token_id)
+        if token_id == self.eos_token_id and not self.sampling.ignore_eos:
+            self.finish_reason = "stop"
+        elif self.num_output_tokens >= self.sampling.max_tokens or len(self.token_ids) >= self.max_total_tokens:
+            self.finish_reason = "length"

@@ -1,0 +1,67 @@
+"""``kvgate engine`` flags, the KV arithmetic at start-up, and a simulated mode free of torch."""
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import build_parser, config_from_args, main
+from engine.kv_budget import KVBudgetError, plan_kv_budget
+from planner.load import load_arch
+from tests.procs import REPO
+
+
+def test_every_flag_is_explained() -> None:
+    parser = build_parser()
+    undocumented = [action.option_strings for action in parser._actions if action.option_strings and not action.help]
+    assert undocumented == []
+    assert "--kv-cache-gib" in parser.format_help() and "--sim-decode-base-s" in parser.format_help()
+
+
+def test_sim_flags_override_the_preset() -> None:
+    config = config_from_args(build_parser().parse_args(["--sim", "--sim-decode-base-s", "0.5", "--served-model-name", "m"]))
+    assert config.sim and config.sim_costs is not None
+    assert config.sim_costs.decode_base_s == 0.5 and config.sim_costs.prefill_per_token_s > 0
+    assert config.served_model_name == "m"
+    assert not config_from_args(build_parser().parse_args([])).sim
+
+
+def test_kv_budget_from_gib_states_the_arithmetic() -> None:
+    config = config_from_args(build_parser().parse_args(["--kv-cache-gib", "0.5", "--max-model-len", "4096"]))
+    budget = plan_kv_budget(config, load_arch("smollm2-135m"))
+    assert budget.bytes_per_token == 2 * 30 * 3 * 64 * 4
+    assert budget.num_blocks == int(0.5 * 1024**3) // (budget.bytes_per_token * 16)
+    assert budget.max_concurrency == pytest.approx(budget.num_blocks / 256)
+    line = budget.describe()
+    assert "46,080 bytes/token" in line and f"{budget.num_blocks:,} blocks" in line and "4,096" in line
+
+
+def test_fp8_kv_halves_bfloat16_bytes_per_token() -> None:
+    arch = load_arch("smollm2-135m")
+    fp8 = plan_kv_budget(config_from_args(build_parser().parse_args(["--kv-cache-dtype", "fp8"])), arch)
+    bf16 = plan_kv_budget(config_from_args(build_parser().parse_args(["--dtype", "bfloat16"])), arch)
+    assert bf16.bytes_per_token == 2 * fp8.bytes_per_token
+
+
+def test_a_pool_smaller_than_one_max_length_request_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    config = config_from_args(build_parser().parse_args(["--num-blocks", "10", "--max-model-len", "1024"]))
+    with pytest.raises(KVBudgetError):
+        plan_kv_budget(config, load_arch("smollm2-135m"))
+    assert main(["--sim", "--num-blocks", "10", "--max-model-len", "1024"]) == 2
+    assert "needs 64 blocks" in capsys.readouterr().err
+
+
+def test_max_model_len_beyond_the_model_context_is_refused() -> None:
+    assert main(["--sim", "--max-model-len", "100000"]) == 2
+
+
+def test_simulated_engine_builds_without_torch_or_transformers() -> None:
+    code = (
+        "import sys\n"
+        "from engine.cli import build_parser, build_server, config_from_args\n"
+        "build_server(config_from_args(build_parser().parse_args(['--sim', '--num-blocks', '600'])))\n"
+        "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

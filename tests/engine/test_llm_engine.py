@@ -1,0 +1,91 @@
+"""The engine loop in-process with the cost-model runner: streaming, abort, and a failing step."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.llm_engine import EngineError, LLMEngine
+from engine.metrics import EngineMetrics
+from engine.runner_api import SamplingParams, SeqChunk
+from engine.scheduler import Scheduler
+from engine.sim_runner import SIM_PRESETS, SimRunner
+from normalize.chat_tokenizer import ChatTokenizer
+
+NUM_BLOCKS = 32
+
+
+class FailingOnceRunner(SimRunner):
+    """The cost model, except that its first step raises (a fault injected into the runner)."""
+
+    failed = False
+
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("device lost")
+        return super().execute(chunks)
+
+
+def make_engine(runner_type: type[SimRunner] = SimRunner) -> LLMEngine:
+    tokenizer = ChatTokenizer.load("smollm2-135m")
+    runner = runner_type(16, NUM_BLOCKS, SIM_PRESETS["instant"], tokenizer.encode_text(" one two three"))
+    scheduler = Scheduler(BlockManager(NUM_BLOCKS, 16, "m"), max_num_seqs=4, max_num_batched_tokens=64)
+    return LLMEngine(runner, scheduler, tokenizer.tokenizer, EngineMetrics("m", 16, NUM_BLOCKS), check_invariants=True)
+
+
+async def collect(engine: LLMEngine, prompt: list[int], max_tokens: int) -> str:
+    text = []
+    async for output in engine.generate(prompt, SamplingParams(max_tokens=max_tokens), 256, eos_token_id=None):
+        text.append(output.text)
+    return "".join(text)
+
+
+def run(engine: LLMEngine, scenario: Callable[[], Awaitable[None]]) -> None:
+    async def main() -> None:
+        engine.start(asyncio.get_running_loop())
+        try:
+            await scenario()
+        finally:
+            await asyncio.to_thread(engine.stop)
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_stream_their_own_text() -> None:
+    engine = make_engine()
+
+    async def scenario() -> None:
+        texts = await asyncio.gather(*(collect(engine, list(range(5 + i)), 6) for i in range(6)))
+        assert all(len(text.split()) == 6 for text in texts)
+
+    run(engine, scenario)
+    assert engine.block_manager.num_free_blocks == NUM_BLOCKS
+
+
+def test_closing_the_stream_early_aborts_the_request() -> None:
+    engine = make_engine()
+
+    async def scenario() -> None:
+        stream = engine.generate(list(range(40)), SamplingParams(max_tokens=200), 256, eos_token_id=None)
+        await anext(stream)
+        await stream.aclose()
+        while engine.stats()["running"] or engine.stats()["waiting"]:
+            await asyncio.sleep(0.01)
+
+    run(engine, scenario)
+    assert engine.block_manager.num_free_blocks == NUM_BLOCKS
+    engine.block_manager.assert_invariants()
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving() -> None:
+    engine = make_engine(FailingOnceRunner)
+
+    async def scenario() -> None:
+        with pytest.raises(EngineError, match="device lost"):
+            await collect(engine, [1, 2, 3], 4)
+        assert (await collect(engine, [1, 2, 3], 3)).split() == ["one", "two", "three"]
+
+    run(engine, scenario)
+    assert engine.block_manager.num_free_blocks == NUM_BLOCKS

@@ -1,0 +1,127 @@
+"""Scheduler: chunked prefill under a token budget, decodes interleaved, preemption, abort."""
+
+from engine.block_manager import BlockManager
+from engine.runner_api import SamplingParams, SeqChunk
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+from engine.sim_runner import SIM_PRESETS, SimRunner
+
+BLOCK = 4
+WORDS = list(range(1000, 1010))
+
+
+def make_scheduler(num_blocks: int, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, BLOCK, "test-model"), max_num_seqs, budget)
+
+
+def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 4) -> Sequence:
+    prompt = [(seq_id * 7 + i) % 50 for i in range(prompt_len)]
+    return Sequence(seq_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), max_total_tokens=256)
+
+
+def run_step(scheduler: Scheduler) -> list[SeqChunk]:
+    """One engine step with the instant cost model; finished sequences leave the scheduler."""
+    runner = SimRunner(BLOCK, scheduler.block_manager.num_blocks, SIM_PRESETS["instant"], WORDS)
+    step = scheduler.schedule()
+    scheduler.postprocess(step, runner.execute(step.chunks))
+    for seq in step.seqs:
+        if seq.finish_reason is not None:
+            scheduler.finish(seq)
+    scheduler.block_manager.assert_invariants()
+    return step.chunks
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 500) -> int:
+    steps = 0
+    while scheduler.has_work:
+        run_step(scheduler)
+        steps += 1
+        assert steps < max_steps, "scheduler made no progress"
+    return steps
+
+
+def test_long_prompt_is_prefilled_in_chunks_within_the_budget() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=8)
+    seq = make_seq(0, 20)
+    scheduler.add(seq)
+    chunks = [run_step(scheduler)[0] for _ in range(3)]
+    assert [(len(c.token_ids), c.start_pos, c.sample) for c in chunks] == [(8, 0, False), (8, 8, False), (4, 16, True)]
+    assert chunks[1].block_table == seq.block_table[:4]
+    assert seq.num_output_tokens == 1
+
+
+def test_decodes_run_alongside_a_chunked_prefill() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=8)
+    decoding = make_seq(0, 3, max_tokens=10)
+    scheduler.add(decoding)
+    run_step(scheduler)
+    scheduler.add(make_seq(1, 30))
+    chunks = run_step(scheduler)
+    assert [(c.seq_id, len(c.token_ids)) for c in chunks] == [(0, 1), (1, 7)]
+    chunks = run_step(scheduler)
+    assert [(c.seq_id, len(c.token_ids)) for c in chunks] == [(0, 1), (1, 7)]
+
+
+def test_sequence_cap_limits_the_running_batch() -> None:
+    scheduler = make_scheduler(num_blocks=64, max_num_seqs=2)
+    for seq_id in range(4):
+        scheduler.add(make_seq(seq_id, 5))
+    chunks = run_step(scheduler)
+    assert [c.seq_id for c in chunks] == [0, 1]
+    assert len(scheduler.waiting) == 2
+
+
+def test_out_of_blocks_preempts_the_newest_and_everything_completes() -> None:
+    scheduler = make_scheduler(num_blocks=6)
+    seqs = [make_seq(seq_id, 7, max_tokens=9) for seq_id in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    run_to_completion(scheduler)
+    assert scheduler.num_preemptions > 0
+    assert all(seq.num_output_tokens == 9 and seq.finish_reason == "length" for seq in seqs)
+    assert scheduler.block_manager.num_free_blocks == 6
+
+
+def test_preempted_sequence_resumes_with_its_output_and_hits_its_own_blocks() -> None:
+    scheduler = make_scheduler(num_blocks=6)
+    old, new = make_seq(0, 8, max_tokens=12), make_seq(1, 8, max_tokens=12)
+    scheduler.add(old)
+    scheduler.add(new)
+    while new.status is not SequenceStatus.WAITING or new.num_output_tokens == 0:
+        run_step(scheduler)
+    assert scheduler.waiting[0] is new and new.block_table == []
+    generated = new.output_token_ids
+    resumed = []
+    while not resumed:
+        resumed = [chunk for chunk in run_step(scheduler) if chunk.seq_id == new.seq_id]
+    assert resumed[0].start_pos >= BLOCK, "the recompute starts after the blocks still cached"
+    assert resumed[0].token_ids == (new.prompt_token_ids + generated)[resumed[0].start_pos :]
+    run_to_completion(scheduler)
+    assert new.output_token_ids[: len(generated)] == generated
+    assert new.num_cached_tokens == 0, "cached_tokens reports the first admission only"
+
+
+def test_abort_frees_running_and_waiting_sequences() -> None:
+    scheduler = make_scheduler(num_blocks=8, max_num_seqs=1)
+    running, waiting = make_seq(0, 9, max_tokens=50), make_seq(1, 9)
+    scheduler.add(running)
+    scheduler.add(waiting)
+    run_step(scheduler)
+    scheduler.finish(running)
+    scheduler.finish(waiting)
+    assert not scheduler.has_work
+    assert scheduler.block_manager.num_free_blocks == 8
+    assert running.status is SequenceStatus.FINISHED
+    scheduler.block_manager.assert_invariants()
+
+
+def test_eos_finishes_a_sequence_unless_ignored() -> None:
+    seq = make_seq(0, 3, max_tokens=5)
+    seq.eos_token_id = 7
+    seq.append_token(7)
+    assert seq.finish_reason == "stop"
+    ignoring = make_seq(1, 3, max_tokens=5)
+    ignoring.sampling.ignore_eos = True
+    ignoring.eos_token_id = 7
+    ignoring.append_token(7)
+    assert ignoring.finish_reason is None
