@@ -6,12 +6,23 @@ simulated engine's cost model.
 
     python -m bench.engine.runner_timing [--dtype float32] [--kv-cache-dtype auto] [--threads 2]
 
-Measured on the 2-core dev machine (SmolLM2-135M, float32, KV auto, block 16, 2 threads, shared
-with other jobs, median of 3; ``python -m bench.engine.runner_timing``):
+Measured on the 2-core dev machine (SmolLM2-135M, block 16, KV in the model dtype), best of 5 while
+other jobs shared the cores (load average 4-5, so medians were 1.1-3x these):
 
-    prefill 2000 tokens cold ........................ MEASURED_PREFILL
-    prefill 100 new tokens after 1900 cached ........ MEASURED_CACHED
-    decode step, batch 1 / 8 / 32 at context 512 .... MEASURED_DECODE
+    python -m bench.engine.runner_timing --threads 2                               (float32)
+      prefill 2000 tokens cold 4.44 s; 100 new tokens after 1900 cached 0.31 s
+      decode step, context 512:  batch 1 36.7 ms, batch 8 76.2 ms, batch 32 218 ms
+      decode step, context 2048: batch 1 46.8 ms, batch 8 154 ms,  batch 32 639 ms
+      SimCosts fit: prefill_per_token_s=0.00222, prefill_per_token_context_s=4.56e-07,
+        decode_base_s=0.0224, decode_per_seq_s=0.00185, decode_per_context_token_s=8.42e-06
+    python -m bench.engine.runner_timing --threads 1 --dtype bfloat16
+      prefill 2000 tokens cold 3.40 s; 100 new tokens after 1900 cached 0.27 s
+      decode step, context 512:  batch 1 23.8 ms, batch 8 42.4 ms, batch 32 114 ms
+      decode step, context 2048: batch 1 29.8 ms, batch 8 93.7 ms, batch 32 522 ms
+
+With two threads on cores other processes also use, OpenMP barriers stall whenever one thread is
+descheduled, so a step can take several times its one-thread time: on a busy machine, measure
+(and run engines) with ``--threads 1``.
 """
 
 import argparse
@@ -66,7 +77,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     blocks_needed = max(max(args.batches) * -(-max(args.contexts) // args.block_size), -(-2000 // args.block_size))
@@ -98,8 +109,10 @@ def print_sim_costs(cold_s: float, cached_s: float, decode_grid: list[tuple[int,
         f"decode_base_s={base:.3g}, decode_per_seq_s={per_seq:.3g}, decode_per_context_token_s={per_context_token:.3g}"
     )
 
+
 def milliseconds(times: tuple[float, float]) -> str:
     return f"{times[0] * 1000:7.1f} ms median, {times[1] * 1000:7.1f} ms best"
+
 
 if __name__ == "__main__":
     main()

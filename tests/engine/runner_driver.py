@@ -62,7 +62,9 @@ def generate(
     return DriveResult([seq.output for seq in seqs], [seq.block_table for seq in seqs], mixed_steps)
 
 
-def _next_chunk(seq: DrivenSeq, chunk_size: int, block_size: int, free: list[int], sampling: SamplingParams) -> SeqChunk:
+def _next_chunk(
+    seq: DrivenSeq, chunk_size: int, block_size: int, free: list[int], sampling: SamplingParams
+) -> SeqChunk:
     if seq.computed < len(seq.prompt):
         tokens = seq.prompt[seq.computed : seq.computed + chunk_size]
     else:
