@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--served-model-name", help="name clients send as 'model' (default: the --model value)")
     model.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: %(default)s)")
     model.add_argument(
+        "--threads", type=positive_int, default=None,
+        help="CPU threads for the forward pass (default: all cores); use 1 per replica when several share few cores",
+    )
+    model.add_argument(
         "--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
         help="weights and activations dtype (default: %(default)s)",
     )  # fmt: skip
@@ -132,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,
         dtype=args.dtype,
+        threads=args.threads,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -146,8 +151,12 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenizer) -> ModelRunner:
     if config.sim_costs is not None:
         return SimRunner(config.block_size, budget.num_blocks, config.sim_costs, tokenizer.encode_text(SIM_TEXT))
+    import torch
+
     from engine.model_runner import TorchModelRunner
 
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     return TorchModelRunner(config.model, config.block_size, budget.num_blocks, config.device, config.dtype, config.kv_cache_dtype)
 
 

@@ -23,6 +23,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"
+    threads: int | None = None
+    """CPU threads for the forward pass; None leaves torch's default (all cores)."""
     max_model_len: int | None = None
     """None: the model's context length, capped at MAX_DEFAULT_MODEL_LEN."""
     max_num_seqs: int = 64
