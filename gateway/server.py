@@ -20,20 +20,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvgate gateway", description="Run the kvgate gateway in front of the backends in a config file."
     )
-    parser.add_argument("-c", "--config", default="config.yaml", help="config file (default: %(default)s)")
+    add_config_flags(parser)
     parser.add_argument("--host", help="listen address; overrides listen.host in the config")
     parser.add_argument("--port", type=int, help="listen port; overrides listen.port in the config")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     return parser
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every config-driven command shares."""
+    parser.add_argument("-c", "--config", default="config.yaml", help="config file (default: %(default)s)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+
+
+def load_command_config(args: argparse.Namespace) -> KvgateConfig | None:
+    """Set up logging and load ``--config``; None, after saying why on stderr, when it is invalid."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"kvgate gateway: {exc}", file=sys.stderr)
+    config = load_command_config(args)
+    if config is None:
         return 2
     if args.host:
         config.listen.host = args.host

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.config import ConfigError, EngineSpec, KvgateConfig, engine_name, load_config
-from gateway.server import serve
+from gateway.config import EngineSpec, KvgateConfig, engine_name
+from gateway.server import add_config_flags, load_command_config, serve
 
 log = logging.getLogger("kvgate.up")
 
@@ -28,18 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvgate up", description="Start the bundled engines listed under `engines:` and the gateway in front of them."
     )
-    parser.add_argument("-c", "--config", default="config.yaml", help="config file (default: %(default)s)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    add_config_flags(parser)
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"kvgate up: {exc}", file=sys.stderr)
+    config = load_command_config(args)
+    if config is None:
         return 2
     return asyncio.run(run_deployment(config, Path(args.config)))
 
