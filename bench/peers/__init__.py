@@ -1,0 +1,1 @@
+"""Reference systems kvgate is measured against, run from their own virtual environments."""
