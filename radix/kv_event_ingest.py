@@ -59,6 +59,9 @@ class KVEventApplier:
         self.index = index
         self.replica = replica
         self.block_size = block_size
+        self.engine_block_size = block_size
+        """The replica's own KV block size, as its BlockStored events report it: it caches whole
+        blocks of this size, so a prefix match counts only in multiples of it."""
         self.speculative = speculative
         self.counters = IngestCounters()
         self._root = root_hash(model)
@@ -88,6 +91,7 @@ class KVEventApplier:
         hashes = self._kvgate_hashes(event)
         if hashes is None:
             return
+        self.engine_block_size = event.block_size
         self.index.insert(self.replica, hashes, now)
         if self.speculative is not None:
             self.speculative.remove(self.replica, hashes)

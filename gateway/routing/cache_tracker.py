@@ -40,6 +40,11 @@ class CacheTracker:
     def is_precise(self, replica: str) -> bool:
         return self._specs[replica].kv_events is not None
 
+    def engine_block_size(self, replica: str) -> int:
+        """The replica's KV block size as its events report it; the gateway's until they do."""
+        subscriber = self.subscribers.get(replica)
+        return subscriber.applier.engine_block_size if subscriber is not None else self.block_size
+
     def match(self, hashes: list[int]) -> dict[str, int]:
         """Blocks of ``hashes`` each replica holds as a prefix (speculative entries included)."""
         matched = self.index.match(hashes)

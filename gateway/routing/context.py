@@ -6,14 +6,16 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.types import ReplicaState, RouteRequest
 
 
-def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> int:
-    """Prompt tokens an engine will serve from cache given a matched prefix.
+def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int, engine_block_size: int | None = None) -> int:
+    """Prompt tokens an engine will serve from cache given a matched prefix of gateway blocks.
 
-    Like vLLM and the bundled engine, at least the last prompt token is always computed, so a
-    fully cached prompt whose length is a multiple of the block size hits one block less.
+    The engine hits whole blocks of its own size (vLLM on CPU: 128 tokens), and, like vLLM and
+    the bundled engine, always computes at least the last prompt token, so a fully cached prompt
+    whose length is a multiple of the block size hits one block less.
     """
-    max_hit_blocks = max(prompt_tokens - 1, 0) // block_size
-    return min(matched_blocks, max_hit_blocks) * block_size
+    unit = engine_block_size or block_size
+    max_hit = max(prompt_tokens - 1, 0) // unit * unit
+    return min(matched_blocks * block_size, max_hit) // unit * unit
 
 
 @dataclass

@@ -53,7 +53,10 @@ class Router:
         candidates = eligible(request, replicas)
         matched = self.tracker.match(request.block_hashes)
         prompt = request.prompt_tokens
-        cached = {name: cached_tokens(blocks, prompt, self.block_size) for name, blocks in matched.items()}
+        cached = {
+            name: cached_tokens(blocks, prompt, self.block_size, self.tracker.engine_block_size(name))
+            for name, blocks in matched.items()
+        }
         index = self.tracker.index
         indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
         ctx = RouteContext(request, candidates, cached, indexed, self.config)

@@ -89,3 +89,11 @@ def test_clear_forgets_index_and_speculative_entries() -> None:
     speculative.insert("r", hashes, 0.5)
     applier.apply(EventBatch(0.0, [AllBlocksCleared()]))
     assert len(index) == 0 and len(speculative) == 0
+
+
+def test_the_engines_own_block_size_is_remembered_from_its_events() -> None:
+    _, applier = make_applier()
+    assert applier.engine_block_size == BLOCK
+    prompt = tokens(128, seed=3)
+    applier.apply(EventBatch(0.0, [BlockStored([21], None, prompt, 128)]))
+    assert applier.engine_block_size == 128
