@@ -1,6 +1,6 @@
 """Volatile spans: values (dates, times, ids) that change per request inside a stable system prompt.
 
-Each match is replaced by a numbered placeholder and the values are listed in a note appended
+Each match is replaced by a numbered marker and the values are listed in a note appended
 after the stable text, so everything before the note is byte-identical across requests that
 differ only in those values::
 
@@ -22,7 +22,7 @@ PRESETS: dict[str, str] = {
 
 
 class VolatileSpans:
-    """Replaces volatile values by placeholders and writes the note that carries them."""
+    """Replaces volatile values by markers and writes the note that carries them."""
 
     def __init__(self, patterns: Mapping[str, str]) -> None:
         self._regex = re.compile("|".join(f"(?:{pattern})" for pattern in patterns.values()))
@@ -31,11 +31,11 @@ class VolatileSpans:
         """``text`` with each match replaced by ``[volatile #n]``, and the matched values in order."""
         values: list[str] = []
 
-        def placeholder(match: re.Match[str]) -> str:
+        def marker(match: re.Match[str]) -> str:
             values.append(match.group())
             return f"[volatile #{first_number + len(values) - 1}]"
 
-        return self._regex.sub(placeholder, text), values
+        return self._regex.sub(marker, text), values
 
 
 def volatile_note(values: list[str]) -> str:
