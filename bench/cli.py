@@ -1,0 +1,132 @@
+"""``kvgate bench``: ``run`` compares routers on a workload; ``overhead`` measures added gateway latency."""
+
+import argparse
+import dataclasses
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+from bench.contenders import FleetSpec, contenders_for, sglang_install_hint, sglang_router_binary
+from bench.processes import REPO
+from bench.runner import RunSettings, run_benchmark
+from bench.workloads import WORKLOADS
+from engine.sim_runner import SIM_PRESETS
+
+DEFAULT_NUM_BLOCKS = {
+    "shared-prefix": 3072,
+    "skew": 3072,
+    "multi-turn": 1024,
+    "trace-replay": 8192,
+    "normalization-noise": 2304,
+}
+"""KV blocks per replica: for shared prefix, each of 4 replicas holds about 3/8 of all group prefixes."""
+
+TRACE_FILES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate bench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="kvgate's policies against direct round robin and peers on one workload")
+    run.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
+    run.add_argument("--replicas", type=int, default=4)
+    run.add_argument("--replica-url", action="append", default=[], metavar="URL",
+                     help="use this running replica (repeatable) instead of starting simulated ones")
+    run.add_argument("--policy", default="all", help="comma-separated kvgate policies, or all (default: %(default)s)")
+    run.add_argument("--peers", action="store_true", help="also run sglang-router (cache_aware, round_robin)")
+    run.add_argument("--num-blocks", type=int,
+                     help="KV blocks per replica (default: per workload); with --replica-url, what they hold")
+    run.add_argument("--block-size", type=int, default=16)
+    run.add_argument("--sim-prefill-us", type=float, default=75.0,
+                     help="compress time: scale every constant of the calibrated smollm2-cpu cost model by one factor "
+                          "so that prefill costs this many microseconds per token (default: %(default)s)")
+    run.add_argument("--engine-arg", action="append", default=[], metavar="FLAG", help="extra `kvgate engine` flag (repeatable)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload parameter (repeatable)")
+    run.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra kvgate routing: setting, value parsed as YAML (repeatable)")
+    run.add_argument("--predicted", action="store_true", help="kvgate predicts replica caches instead of following KV events")
+    run.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
+    run.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds (default: %(default)s)")
+    run.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    run.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
+    run.add_argument("--request-timeout", type=float, default=300.0)
+    run.add_argument("--out", type=Path, help="report folder (default: bench/out/WORKLOAD)")
+    commands.add_parser("overhead", help="added latency of kvgate and sglang-router over a zero-latency backend", add_help=False)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if argv[:1] == ["overhead"]:
+        from bench.overhead import main as overhead_main
+
+        return overhead_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    overrides = _pairs(args.set, "--set")
+    if args.workload == "trace-replay" and "trace_file" not in overrides:
+        trace = args.trace_dir / TRACE_FILES[args.trace]
+        if not trace.is_file():
+            print(f"skipping trace replay: {trace} not found (pass --trace-dir DIR holding {TRACE_FILES[args.trace]})")
+            return 0
+        overrides["trace_file"] = str(trace)
+    if args.peers and not sglang_router_binary().exists():
+        print(sglang_install_hint(), file=sys.stderr)
+        return 2
+    routing = {key: yaml.safe_load(value) for key, value in _pairs(args.routing, "--routing").items()}
+    contenders = [
+        dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
+        for contender in contenders_for(args.policy.split(","), args.peers)
+    ]
+    fleet = FleetSpec(
+        replicas=len(args.replica_url) or args.replicas,
+        num_blocks=args.num_blocks or DEFAULT_NUM_BLOCKS[args.workload],
+        block_size=args.block_size,
+        engine_args=tuple(sim_cost_args(args.sim_prefill_us * 1e-6) + args.engine_arg),
+        kv_events=not args.predicted,
+        given_urls=tuple(url.rstrip("/") for url in args.replica_url),
+    )
+    settings = RunSettings(
+        workload=args.workload,
+        overrides=overrides,
+        contenders=contenders,
+        fleet=fleet,
+        out_dir=args.out or REPO / "bench" / "out" / args.workload,
+        users=args.users,
+        ttft_slo_s=args.ttft_slo,
+        request_timeout_s=args.request_timeout,
+    )
+    outcome = run_benchmark(settings)
+    print(outcome.markdown)
+    print(f"report: {settings.out_dir}/report.md, report.json, hit_rate.png, ttft_cdf.png")
+    return 1 if not outcome.rows else 0
+
+
+def sim_cost_args(prefill_s_per_token: float) -> list[str]:
+    """`kvgate engine` flags with the smollm2-cpu cost model compressed to this prefill cost.
+
+    Every constant is scaled by the same factor, so the model's shape (prefill against decode,
+    batch and context costs) stays the calibrated one while a run takes minutes, not hours.
+    """
+    costs = SIM_PRESETS["smollm2-cpu"]
+    scale = prefill_s_per_token / costs.prefill_per_token_s
+    return [
+        f"--sim-{field.name.replace('_', '-')}={getattr(costs, field.name) * scale:.9g}"
+        for field in dataclasses.fields(costs)
+    ]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """Unwind like Ctrl-C, so the replicas and routers this run started are stopped too."""
+    raise SystemExit(128 + signum)
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{flag} expects KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs

@@ -1,0 +1,217 @@
+"""The systems under test, each started on fresh simulated replicas (or on given replicas).
+
+A contender is kvgate with one routing policy, the ``sglang-router`` peer with one policy, or
+the client round-robining over the replicas directly (no gateway). ``deploy`` starts the replicas,
+then the contender in front of them, and stops everything afterwards. Given replicas (real
+engines) are not restarted: their prefix caches are reset through ``POST /reset_prefix_cache``.
+"""
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import yaml
+
+from bench.loadgen import Target
+from bench.processes import (
+    REPO,
+    Process,
+    free_port,
+    http_body,
+    http_ok,
+    http_post_ok,
+    kvgate_command,
+    launch,
+    wait_ready,
+)
+from gateway.routing.config import POLICIES as KVGATE_POLICIES
+
+SGLANG_POLICIES = ("cache_aware", "round_robin")
+PEERS_DIR_ENV = "KVGATE_PEERS_DIR"
+MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class Contender:
+    kind: str
+    """kvgate, sglang-router or direct."""
+    policy: str
+    routing: dict[str, object] = field(default_factory=dict)
+    """Extra ``routing:`` settings for kvgate (e.g. scorer weights)."""
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.kind} {self.policy}"
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    replicas: int
+    num_blocks: int
+    block_size: int = 16
+    engine_args: tuple[str, ...] = ()
+    """Further `kvgate engine` flags (sim cost constants)."""
+    kv_events: bool = True
+    """Replicas publish KV events and kvgate follows them (precise mode); else kvgate predicts."""
+    given_urls: tuple[str, ...] = ()
+    """Running replicas to use instead of starting simulated ones (kvgate then predicts their caches)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's default context (8,192), or less when the KV cache is smaller."""
+        return min(8192, self.num_blocks * self.block_size)
+
+
+@dataclass(frozen=True)
+class Replica:
+    url: str
+    kv_events: str | None = None
+    """ZMQ endpoint of its KV events, when it publishes them."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    target: Target
+    replica_urls: tuple[str, ...]
+
+
+def peers_dir() -> Path:
+    return Path(os.environ.get(PEERS_DIR_ENV, REPO.parent / "peers"))
+
+
+def sglang_router_binary() -> Path:
+    return peers_dir() / "sgl" / "bin" / "sglang-router"
+
+
+def sglang_install_hint() -> str:
+    peers = peers_dir()
+    return (
+        f"sglang-router not found at {sglang_router_binary()}; install it with\n"
+        f"  python3 -m venv {peers}/sgl && {peers}/sgl/bin/pip install sglang-router\n"
+        f"(or point {PEERS_DIR_ENV} at the folder holding sgl/)"
+    )
+
+
+def contenders_for(policies: Sequence[str], peers: bool) -> list[Contender]:
+    """kvgate with each policy, direct round robin, and with ``peers`` sglang-router's policies."""
+    chosen = list(KVGATE_POLICIES) if "all" in policies else list(policies)
+    unknown = sorted(set(chosen) - set(KVGATE_POLICIES))
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; choose from {list(KVGATE_POLICIES)} or all")
+    contenders = [Contender("kvgate", policy) for policy in chosen]
+    contenders.append(Contender("direct", "round_robin"))
+    if peers:
+        contenders += [Contender("sglang-router", policy) for policy in SGLANG_POLICIES]
+    return contenders
+
+
+@contextmanager
+def deploy(
+    contender: Contender, fleet: FleetSpec, workdir: Path, detokenize: Callable[[Sequence[int]], str]
+) -> Iterator[Deployment]:
+    """Fresh replicas and the contender in front of them, stopped on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        replicas = reset_given_replicas(fleet.given_urls) if fleet.given_urls else start_replicas(fleet, workdir, stack)
+        urls = tuple(replica.url for replica in replicas)
+        if contender.kind == "direct":
+            yield Deployment(Target(urls, MODEL), urls)
+        elif contender.kind == "kvgate":
+            gateway = start_kvgate(contender, fleet, replicas, workdir)
+            stack.callback(gateway.stop)
+            yield Deployment(Target((gateway.url,), MODEL), urls)
+        elif contender.kind == "sglang-router":
+            router = start_sglang_router(contender, urls, workdir)
+            stack.callback(router.stop)
+            yield Deployment(Target((router.url,), MODEL, detokenize), urls)
+        else:
+            raise ValueError(f"unknown contender kind {contender.kind!r}")
+
+
+def reset_given_replicas(urls: Sequence[str]) -> list[Replica]:
+    for url in urls:
+        if not http_post_ok(f"{url}/reset_prefix_cache"):
+            print(f"   warning: {url}/reset_prefix_cache failed; its cache is not cold", flush=True)
+    return [Replica(url) for url in urls]
+
+
+def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Replica]:
+    """Start all simulated replicas at once, then wait for each."""
+    started = []
+    for index in range(fleet.replicas):
+        port = free_port()
+        events = f"tcp://127.0.0.1:{free_port()}" if fleet.kv_events else None
+        command = kvgate_command(
+            "engine", "--sim", "--port", str(port), "--num-blocks", str(fleet.num_blocks),
+            "--block-size", str(fleet.block_size), "--max-model-len", str(fleet.max_model_len),
+            "--log-level", "WARNING", *fleet.engine_args,
+        )
+        if events:
+            command += ["--kv-events", events]
+        process = launch(command, port, workdir / f"replica-{index}.log")
+        stack.callback(process.stop)
+        started.append((process, events))
+    for process, _ in started:
+        wait_ready(process, lambda url=process.url: http_ok(f"{url}/health"))
+    return [Replica(process.url, events) for process, events in started]
+
+
+def kvgate_config(
+    contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], port: int
+) -> dict[str, object]:
+    backends = []
+    for index, replica in enumerate(replicas):
+        backend: dict[str, object] = {"name": f"replica-{index}", "url": replica.url, "kv_capacity_blocks": fleet.num_blocks}
+        if replica.kv_events:
+            backend["kv_events"] = replica.kv_events
+        backends.append(backend)
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "model": MODEL,
+        "tokenizer": MODEL,
+        "block_size": fleet.block_size,
+        "backends": backends,
+        "routing": {"policy": contender.policy, **contender.routing},
+    }
+
+
+def start_kvgate(
+    contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path
+) -> Process:
+    port = free_port()
+    config_path = workdir / "kvgate.yaml"
+    config_path.write_text(yaml.safe_dump(kvgate_config(contender, fleet, replicas, port), sort_keys=False))
+    gateway = launch(kvgate_command("gateway", "-c", str(config_path)), port, workdir / "kvgate.log")
+    wait_ready(gateway, lambda: _kvgate_sees_all(gateway.url, len(replicas)))
+    return gateway
+
+
+def _kvgate_sees_all(url: str, replicas: int) -> bool:
+    body = http_body(f"{url}/health")
+    return body is not None and len(orjson.loads(body).get("healthy_backends", [])) == replicas
+
+
+def start_sglang_router(contender: Contender, replica_urls: Sequence[str], workdir: Path) -> Process:
+    binary = sglang_router_binary()
+    if not binary.exists():
+        raise FileNotFoundError(sglang_install_hint())
+    port = free_port()
+    command = [
+        str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *replica_urls, "--policy", contender.policy, "--log-level", "warn",
+    ]
+    router = launch(command, port, workdir / "sglang-router.log")
+    wait_ready(router, lambda: _sglang_sees_all(router.url, len(replica_urls)))
+    return router
+
+
+def _sglang_sees_all(url: str, replicas: int) -> bool:
+    body = http_body(f"{url}/workers")
+    if body is None:
+        return False
+    workers = orjson.loads(body).get("workers", [])
+    return len(workers) == replicas and all(worker.get("is_healthy") for worker in workers)

@@ -1,0 +1,68 @@
+"""A zero-latency OpenAI-compatible backend: answers every completion at once, for overhead runs.
+
+``python -m bench.zero_backend --port N``. It reads and parses the body (as any backend must),
+then replies with one short completion, streamed or whole, with usage.
+"""
+
+import argparse
+
+import orjson
+from aiohttp import web
+
+ANSWER = "ok"
+
+
+async def completion(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    chat = request.path.endswith("/chat/completions")
+    prompt = body.get("prompt")
+    usage = {
+        "prompt_tokens": len(prompt) if isinstance(prompt, list) else 0,
+        "completion_tokens": 1,
+        "total_tokens": (len(prompt) if isinstance(prompt, list) else 0) + 1,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    choice = {"index": 0, "finish_reason": "stop", "logprobs": None}
+    choice |= {"delta" if body.get("stream") else "message": {"role": "assistant", "content": ANSWER}} if chat else {"text": ANSWER}
+    envelope = {"id": "cmpl-zero", "created": 0, "model": body.get("model", "zero"), "choices": [choice]}
+    if not body.get("stream"):
+        envelope["object"] = "chat.completion" if chat else "text_completion"
+        return web.Response(body=orjson.dumps({**envelope, "usage": usage}), content_type="application/json")
+    envelope["object"] = "chat.completion.chunk" if chat else "text_completion"
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    events = [envelope]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**envelope, "choices": [], "usage": usage})
+    await response.write(b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "smollm2-135m", "object": "model", "created": 0, "owned_by": "bench"}]})
+
+
+def build_app() -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/completions", completion)
+    app.router.add_post("/v1/chat/completions", completion)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    web.run_app(build_app(), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
