@@ -107,29 +107,5 @@ def plan_capacity(
     )
 
 
-def max_concurrent_sequences(
-    arch: ModelArch,
-    *,
-    gpu_memory_bytes: int,
-    prompt_tokens: int,
-    output_tokens: int = 0,
-    kv_dtype: str = "bf16",
-    weights_dtype: str = "bf16",
-    utilization: float = 0.9,
-    overhead_bytes: int = 2 * 1024**3,
-) -> int:
-    """The ``max_sequences`` of ``plan_capacity`` with the same arguments."""
-    return plan_capacity(
-        arch,
-        gpu_memory_bytes=gpu_memory_bytes,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        kv_dtype=kv_dtype,
-        weights_dtype=weights_dtype,
-        utilization=utilization,
-        overhead_bytes=overhead_bytes,
-    ).max_sequences
-
-
 def _bits_to_bytes(bits: int) -> int:
     return -(-bits // 8)

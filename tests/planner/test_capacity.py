@@ -1,6 +1,6 @@
 """Concurrent sequences per card, checked against arithmetic done by hand."""
 
-from planner.kv_math import max_concurrent_sequences, plan_capacity
+from planner.kv_math import plan_capacity
 from planner.load import load_arch
 from planner.sizes import format_bytes, parse_memory_size
 
@@ -38,8 +38,8 @@ def test_qwen2_7b_on_a_24_gib_card_fits_24_sequences_of_4096_tokens() -> None:
 
 def test_output_tokens_count_against_the_budget() -> None:
     arch = load_arch("qwen2-7b")
-    prompt_only = max_concurrent_sequences(arch, gpu_memory_bytes=24 * GIB, prompt_tokens=3584)
-    with_output = max_concurrent_sequences(arch, gpu_memory_bytes=24 * GIB, prompt_tokens=3584, output_tokens=512)
+    prompt_only = plan_capacity(arch, gpu_memory_bytes=24 * GIB, prompt_tokens=3584).max_sequences
+    with_output = plan_capacity(arch, gpu_memory_bytes=24 * GIB, prompt_tokens=3584, output_tokens=512).max_sequences
     assert (prompt_only, with_output) == (28, 24)
 
 
@@ -51,8 +51,8 @@ def test_weights_larger_than_the_card_leave_no_sequences() -> None:
 
 def test_int4_weights_make_room_for_70b_on_80_gb() -> None:
     arch = load_arch("llama-3-70b")
-    assert max_concurrent_sequences(arch, gpu_memory_bytes=80 * 10**9, prompt_tokens=4096, weights_dtype="bf16") == 0
-    assert max_concurrent_sequences(arch, gpu_memory_bytes=80 * 10**9, prompt_tokens=4096, weights_dtype="int4") > 0
+    assert plan_capacity(arch, gpu_memory_bytes=80 * 10**9, prompt_tokens=4096, weights_dtype="bf16").max_sequences == 0
+    assert plan_capacity(arch, gpu_memory_bytes=80 * 10**9, prompt_tokens=4096, weights_dtype="int4").max_sequences > 0
 
 
 def test_memory_sizes() -> None:
