@@ -1,50 +1,24 @@
 """Start and stop real kvgate processes on loopback for tests."""
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.processes import REPO, Process, free_port, kvgate_command, launch
+
+__all__ = ["REPO", "ManagedProcess", "free_port", "http", "kvgate_cmd", "start", "start_engine", "start_gateway"]
+
+kvgate_cmd = kvgate_command
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class ManagedProcess:
-    """A child process serving HTTP on 127.0.0.1:port; ``stop`` ends it and its group."""
-
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class ManagedProcess(Process):
+    """A child process serving HTTP on 127.0.0.1:port (see bench/processes.py), plus what tests need."""
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout)
 
     def kill(self) -> None:
         """SIGKILL the process alone, as a crash would."""
@@ -52,34 +26,14 @@ class ManagedProcess:
         self.proc.wait(15)
 
 
-def kvgate_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", *args]
-
-
-def start(
-    cmd: list[str],
-    port: int,
-    log_path: Path,
-    ready_path: str = "/health",
-    timeout: float = 180.0,
-    env: dict[str, str] | None = None,
-) -> ManagedProcess:
+def start(cmd: list[str], port: int, log_path: Path, ready_path: str = "/health", timeout: float = 180.0) -> ManagedProcess:
     """Start ``cmd`` in its own process group and wait until GET ready_path answers 200."""
-    log_file = open(log_path, "wb")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        start_new_session=True,
-    )
-    log_file.close()
-    managed = ManagedProcess(proc, port, log_path)
+    launched = launch(cmd, port, log_path)
+    managed = ManagedProcess(launched.proc, port, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd} exited with {proc.returncode}:\n{managed.log()[-4000:]}")
+        if managed.proc.poll() is not None:
+            raise RuntimeError(f"{cmd} exited with {managed.proc.returncode}:\n{managed.log()[-4000:]}")
         try:
             with urllib.request.urlopen(f"{managed.url}{ready_path}", timeout=2) as response:
                 if response.status == 200:
