@@ -7,7 +7,6 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine.block_manager import BlockManager
 from engine.llm_engine import LLMEngine
@@ -18,6 +17,7 @@ from engine.runner_api import SamplingParams
 from engine.scheduler import Scheduler
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import resolve_model
+from tests.engine.reference import transformers_greedy
 from tests.procs import ManagedProcess, start_engine
 
 torch.set_num_threads(2)
@@ -50,13 +50,7 @@ def expected(prompts: list[list[int]]) -> list[list[int]]:
     """transformers' own greedy continuations of the same float32 weights (converted once by
     ``load_model``), EOS ignored."""
     load_model(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL).cache_dir / "hf", dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    outputs = []
-    for prompt in prompts:
-        generated = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+    return transformers_greedy(resolve_model(MODEL).cache_dir / "hf", prompts, MAX_TOKENS)
 
 
 async def greedy(engine: LLMEngine, prompt: list[int]) -> tuple[list[int], int]:

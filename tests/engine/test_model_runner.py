@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from engine.model_runner import TorchModelRunner
 from engine.runner_api import SamplingParams, SeqChunk
 from normalize.model_files import resolve_model, tokenizer_dir
+from tests.engine.reference import transformers_greedy
 from tests.engine.runner_driver import generate
 
 torch.set_num_threads(2)
@@ -42,14 +43,7 @@ def runner() -> TorchModelRunner:
 @pytest.fixture(scope="module")
 def expected(runner: TorchModelRunner, prompts: list[list[int]]) -> list[list[int]]:
     """transformers' greedy continuations (EOS not treated as a stop, like ``ignore_eos``)."""
-    folder = resolve_model(MODEL).cache_dir / "hf"
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
-    model.generation_config.eos_token_id = None
-    outputs = []
-    for prompt in prompts:
-        generated = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+    return transformers_greedy(resolve_model(MODEL).cache_dir / "hf", prompts, MAX_TOKENS)
 
 
 def test_cold_batched_prefill_and_decode_match_transformers(runner, prompts, expected) -> None:
