@@ -32,28 +32,53 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="kvgate's policies against direct round robin and peers on one workload")
     run.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     run.add_argument("--replicas", type=int, default=4)
-    run.add_argument("--replica-url", action="append", default=[], metavar="URL",
-                     help="use this running replica (repeatable) instead of starting simulated ones")
+    run.add_argument(
+        "--replica-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="use this running replica (repeatable) instead of starting simulated ones",
+    )
     run.add_argument("--policy", default="all", help="comma-separated kvgate policies, or all (default: %(default)s)")
     run.add_argument("--peers", action="store_true", help="also run sglang-router (cache_aware, round_robin)")
-    run.add_argument("--num-blocks", type=int,
-                     help="KV blocks per replica (default: per workload); with --replica-url, what they hold")
+    run.add_argument(
+        "--num-blocks",
+        type=int,
+        help="KV blocks per replica (default: per workload); with --replica-url, what they hold",
+    )
     run.add_argument("--block-size", type=int, default=16)
-    run.add_argument("--sim-prefill-us", type=float, default=75.0,
-                     help="compress time: scale every constant of the calibrated smollm2-cpu cost model by one factor "
-                          "so that prefill costs this many microseconds per token (default: %(default)s)")
-    run.add_argument("--engine-arg", action="append", default=[], metavar="FLAG", help="extra `kvgate engine` flag (repeatable)")
+    run.add_argument(
+        "--sim-prefill-us",
+        type=float,
+        default=75.0,
+        help="compress time: scale every constant of the calibrated smollm2-cpu cost model by one factor "
+        "so that prefill costs this many microseconds per token (default: %(default)s)",
+    )
+    run.add_argument(
+        "--engine-arg", action="append", default=[], metavar="FLAG", help="extra `kvgate engine` flag (repeatable)"
+    )
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload parameter (repeatable)")
-    run.add_argument("--routing", action="append", default=[], metavar="KEY=VALUE",
-                     help="extra kvgate routing: setting, value parsed as YAML (repeatable)")
-    run.add_argument("--predicted", action="store_true", help="kvgate predicts replica caches instead of following KV events")
+    run.add_argument(
+        "--routing",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra kvgate routing: setting, value parsed as YAML (repeatable)",
+    )
+    run.add_argument(
+        "--predicted", action="store_true", help="kvgate predicts replica caches instead of following KV events"
+    )
     run.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
-    run.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds (default: %(default)s)")
+    run.add_argument(
+        "--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds (default: %(default)s)"
+    )
     run.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
     run.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     run.add_argument("--request-timeout", type=float, default=300.0)
     run.add_argument("--out", type=Path, help="report folder (default: bench/out/WORKLOAD)")
-    commands.add_parser("overhead", help="added latency of kvgate and sglang-router over a zero-latency backend", add_help=False)
+    commands.add_parser(
+        "overhead", help="added latency of kvgate and sglang-router over a zero-latency backend", add_help=False
+    )
     return parser
 
 

@@ -146,9 +146,19 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Re
         port = free_port()
         events = f"tcp://127.0.0.1:{free_port()}" if fleet.kv_events else None
         command = kvgate_command(
-            "engine", "--sim", "--port", str(port), "--num-blocks", str(fleet.num_blocks),
-            "--block-size", str(fleet.block_size), "--max-model-len", str(fleet.max_model_len),
-            "--log-level", "WARNING", *fleet.engine_args,
+            "engine",
+            "--sim",
+            "--port",
+            str(port),
+            "--num-blocks",
+            str(fleet.num_blocks),
+            "--block-size",
+            str(fleet.block_size),
+            "--max-model-len",
+            str(fleet.max_model_len),
+            "--log-level",
+            "WARNING",
+            *fleet.engine_args,
         )
         if events:
             command += ["--kv-events", events]
@@ -160,12 +170,14 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Re
     return [Replica(process.url, events) for process, events in started]
 
 
-def kvgate_config(
-    contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], port: int
-) -> dict[str, object]:
+def kvgate_config(contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], port: int) -> dict[str, object]:
     backends = []
     for index, replica in enumerate(replicas):
-        backend: dict[str, object] = {"name": f"replica-{index}", "url": replica.url, "kv_capacity_blocks": fleet.num_blocks}
+        backend: dict[str, object] = {
+            "name": f"replica-{index}",
+            "url": replica.url,
+            "kv_capacity_blocks": fleet.num_blocks,
+        }
         if replica.kv_events:
             backend["kv_events"] = replica.kv_events
         backends.append(backend)
@@ -179,9 +191,7 @@ def kvgate_config(
     }
 
 
-def start_kvgate(
-    contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path
-) -> Process:
+def start_kvgate(contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path) -> Process:
     port = free_port()
     config_path = workdir / "kvgate.yaml"
     config_path.write_text(yaml.safe_dump(kvgate_config(contender, fleet, replicas, port), sort_keys=False))
@@ -201,8 +211,18 @@ def start_sglang_router(contender: Contender, replica_urls: Sequence[str], workd
         raise FileNotFoundError(sglang_install_hint())
     port = free_port()
     command = [
-        str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
-        "--worker-urls", *replica_urls, "--policy", contender.policy, "--log-level", "warn",
+        str(binary),
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *replica_urls,
+        "--policy",
+        contender.policy,
+        "--log-level",
+        "warn",
     ]
     router = launch(command, port, workdir / "sglang-router.log")
     wait_ready(router, lambda: _sglang_sees_all(router.url, len(replica_urls)))

@@ -76,7 +76,9 @@ def checked(results: list[RequestResult], what: str) -> list[RequestResult]:
     return results
 
 
-def send_all(target: Target, requests: list[BenchRequest], users: int | None, what: str) -> tuple[list[RequestResult], float]:
+def send_all(
+    target: Target, requests: list[BenchRequest], users: int | None, what: str
+) -> tuple[list[RequestResult], float]:
     load = asyncio.run(run_load(requests, target, users=users, label=what))
     return checked(load.results, what), load.duration_s
 
@@ -93,7 +95,13 @@ def measure_prefix_ttft(target: Target, settings: Settings) -> list[Measurement]
     cold = [result for result in results if result.group == "cold"]
     warm = [result for result in results if result.group == "warm"]
     return [
-        Measurement(f"cold TTFT, {settings.prompt_tokens}-token prompt", statistics.median(r.ttft_s for r in cold), "s", False, load),
+        Measurement(
+            f"cold TTFT, {settings.prompt_tokens}-token prompt",
+            statistics.median(r.ttft_s for r in cold),
+            "s",
+            False,
+            load,
+        ),
         Measurement(
             f"TTFT, {settings.cached_tokens} of {settings.prompt_tokens} tokens cached",
             statistics.median(r.ttft_s for r in warm),
@@ -108,7 +116,10 @@ def measure_prefix_ttft(target: Target, settings: Settings) -> list[Measurement]
 def measure_decode(target: Target, settings: Settings) -> Measurement:
     """Tokens/s after the first token of one request alone, median over trials."""
     prompts = random_prompts(settings.trials, 32, seed=2)
-    requests = [BenchRequest(f"decode-{i}", f"decode-{i}", 0.0, settings.output_tokens, prompt) for i, prompt in enumerate(prompts)]
+    requests = [
+        BenchRequest(f"decode-{i}", f"decode-{i}", 0.0, settings.output_tokens, prompt)
+        for i, prompt in enumerate(prompts)
+    ]
     load = load_avg()
     results, _ = send_all(target, requests, 1, "decode")
     rates = [(result.output_tokens - 1) / (result.e2e_s - result.ttft_s) for result in results]
@@ -169,7 +180,7 @@ def vllm_server(settings: Settings, log_dir: Path) -> AbstractContextManager[Pro
 def median_round(rounds: list[list[Measurement]]) -> list[Measurement]:
     """Per measure, the measurement of the median round (of an even count, the better middle one)."""
     medians = []
-    for row in zip(*rounds):
+    for row in zip(*rounds, strict=False):
         best_first = sorted(row, key=lambda m: m.value, reverse=row[0].higher_is_better)
         medians.append(best_first[(len(row) - 1) // 2])
     return medians
@@ -179,8 +190,10 @@ def print_table(by_contender: dict[str, list[Measurement]]) -> None:
     """One row per measure, one column per contender; with two, how many times better the first is."""
     names = list(by_contender)
     advantage = len(names) == 2
-    print(f"{'measure':<42}" + "".join(f"{name:>30}" for name in names) + (f"  {names[0]} better by" if advantage else ""))
-    for row in zip(*by_contender.values()):
+    print(
+        f"{'measure':<42}" + "".join(f"{name:>30}" for name in names) + (f"  {names[0]} better by" if advantage else "")
+    )
+    for row in zip(*by_contender.values(), strict=False):
         cells = "".join(f"{f'{m.value:.3f} {m.unit} (load {m.load_avg_1m:.1f})':>30}" for m in row)
         ratio = ""
         if advantage:
@@ -195,7 +208,7 @@ def print_table(by_contender: dict[str, list[Measurement]]) -> None:
 
 def print_rounds(rounds: dict[str, list[list[Measurement]]]) -> None:
     for name, runs in rounds.items():
-        for row in zip(*runs):
+        for row in zip(*runs, strict=False):
             values = ", ".join(f"{m.value:.3f} (load {m.load_avg_1m:.1f})" for m in row)
             print(f"  {name}, {row[0].name}, every round: {values}")
 
@@ -204,9 +217,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1, help="start each server this many times, alternating; the median round counts")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="start each server this many times, alternating; the median round counts"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=1536)
-    parser.add_argument("--cached-tokens", type=int, default=1408, help="shared prefix; a multiple of 128 counts fully for vLLM")
+    parser.add_argument(
+        "--cached-tokens", type=int, default=1408, help="shared prefix; a multiple of 128 counts fully for vLLM"
+    )
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--concurrent-prompt-tokens", type=int, default=128)
@@ -217,7 +234,9 @@ def main() -> None:
     contenders.add_argument("--skip-vllm", action="store_true")
     contenders.add_argument("--skip-kvgate", action="store_true")
     args = parser.parse_args()
-    settings = Settings(**{name: value for name, value in vars(args).items() if name not in ("skip_vllm", "skip_kvgate", "rounds")})
+    settings = Settings(
+        **{name: value for name, value in vars(args).items() if name not in ("skip_vllm", "skip_kvgate", "rounds")}
+    )
     servers: dict[str, Callable[[Settings, Path], AbstractContextManager[Process]]] = {}
     if not args.skip_kvgate:
         servers["kvgate engine"] = kvgate_server

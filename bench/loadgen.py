@@ -136,7 +136,9 @@ async def send(
     sent = time.perf_counter()
     result = RequestResult(request.request_id, request.group, start_s=sent - run_started)
     try:
-        async with http.post(url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as response:
+        async with http.post(
+            url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        ) as response:
             result.status = response.status
             result.backend = response.headers.get("x-kvgate-backend") or (url if len(target.urls) > 1 else None)
             result.route_reason = response.headers.get("x-kvgate-route-reason")
@@ -144,7 +146,7 @@ async def send(
                 result.error = (await response.text())[:300]
                 return result
             await _read_stream(response, result, sent)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result
 

@@ -19,10 +19,40 @@ from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import SegmentTokenizer
 from radix.hashing import block_hashes
 
-_WORDS = (
-    "the gateway routes each request to the replica whose cache holds the longest prefix of its prompt "
-    "tools schema policy résumé naïve café 東京 données 1,024 tokens: always answer briefly, cite sources."
-).split()
+_WORDS = [
+    "the",
+    "gateway",
+    "routes",
+    "each",
+    "request",
+    "to",
+    "the",
+    "replica",
+    "whose",
+    "cache",
+    "holds",
+    "the",
+    "longest",
+    "prefix",
+    "of",
+    "its",
+    "prompt",
+    "tools",
+    "schema",
+    "policy",
+    "résumé",
+    "naïve",
+    "café",
+    "東京",
+    "données",
+    "1,024",
+    "tokens:",
+    "always",
+    "answer",
+    "briefly,",
+    "cite",
+    "sources.",
+]
 
 
 def system_prompt(tokenizer: ChatTokenizer, target_tokens: int, seed: int) -> str:

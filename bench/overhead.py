@@ -26,7 +26,6 @@ from bench.text_vocab import round_trip_vocab
 from bench.workloads.token_blocks import random_tokens
 from normalize.chat_tokenizer import ChatTokenizer
 
-
 MAX_SWEPT_RATE = 12_800.0
 """Past this the load generator itself (one Python process on the same cores) is the limit."""
 
@@ -48,14 +47,16 @@ def chat_bodies(tokenizer: ChatTokenizer, count: int, prompt_tokens: int, seed: 
     vocab = round_trip_vocab(tokenizer)
     systems = [tokenizer.decode(random_tokens(rng, prompt_tokens - 48, vocab)) for _ in range(16)]
     return [
-        orjson.dumps({
-            "model": MODEL,
-            "max_tokens": 1,
-            "messages": [
-                {"role": "system", "content": systems[index % len(systems)]},
-                {"role": "user", "content": tokenizer.decode(random_tokens(rng, 32, vocab))},
-            ],
-        })
+        orjson.dumps(
+            {
+                "model": MODEL,
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "system", "content": systems[index % len(systems)]},
+                    {"role": "user", "content": tokenizer.decode(random_tokens(rng, 32, vocab))},
+                ],
+            }
+        )
         for index in range(count)
     ]
 
@@ -103,7 +104,9 @@ async def poisson_p99(url: str, bodies: Sequence[bytes], rate: float, duration_s
 
 async def _post(http: aiohttp.ClientSession, url: str, body: bytes) -> bool:
     try:
-        async with http.post(f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}) as response:
+        async with http.post(
+            f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as response:
             await response.read()
             return response.status == 200
     except (aiohttp.ClientError, OSError):
@@ -165,8 +168,20 @@ def _start_kvgate(backend_url: str, workdir: Path) -> Process:
 
 def _start_sglang(backend_url: str, workdir: Path) -> Process:
     port = free_port()
-    command = [str(sglang_router_binary()), "launch", "--host", "127.0.0.1", "--port", str(port),
-               "--worker-urls", backend_url, "--policy", SGLANG_POLICIES[0], "--log-level", "warn"]
+    command = [
+        str(sglang_router_binary()),
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        backend_url,
+        "--policy",
+        SGLANG_POLICIES[0],
+        "--log-level",
+        "warn",
+    ]
     router = launch(command, port, workdir / "sglang-router.log")
     wait_ready(router, lambda: http_ok(f"{router.url}/health"))
     return router
@@ -186,11 +201,15 @@ def markdown_table(rows: Sequence[OverheadRow], p99_bound_ms: float) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvgate bench overhead", description=__doc__)
-    parser.add_argument("--requests", type=int, default=300, help="sequential requests per contender (default: %(default)s)")
+    parser.add_argument(
+        "--requests", type=int, default=300, help="sequential requests per contender (default: %(default)s)"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--p99-bound-ms", type=float, default=50.0)
     parser.add_argument("--start-rate", type=float, default=25.0)
-    parser.add_argument("--step-s", type=float, default=3.0, help="seconds of load per swept rate (default: %(default)s)")
+    parser.add_argument(
+        "--step-s", type=float, default=3.0, help="seconds of load per swept rate (default: %(default)s)"
+    )
     parser.add_argument("--peers", action="store_true", help="also measure sglang-router")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "overhead")
     args = parser.parse_args(argv)

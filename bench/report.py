@@ -75,7 +75,9 @@ def markdown_table(rows: Sequence[ContenderRow], bounds: Bounds | None, ttft_slo
             f"{row.load_max_over_mean:.2f} | {row.errors}/{row.requests} |"
         )
     if bounds is not None:
-        lines.append(f"| bound: pooled LRU ({bounds.pooled_capacity_blocks} blocks) | {bounds.pooled_lru:.1%} | | | | | | | |")
+        lines.append(
+            f"| bound: pooled LRU ({bounds.pooled_capacity_blocks} blocks) | {bounds.pooled_lru:.1%} | | | | | | | |"
+        )
         lines.append(f"| bound: infinite cache | {bounds.infinite_cache:.1%} | | | | | | | |")
     return "\n".join(lines)
 
@@ -103,7 +105,9 @@ def write_report(
         "bounds": asdict(bounds) if bounds else None,
         "requests": {name: [asdict(result) for result in load.results] for name, load in loads.items()},
     }
-    (out_dir / "report.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    (out_dir / "report.json").write_bytes(
+        orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    )
     plot_hit_rates(out_dir / "hit_rate.png", title, rows, bounds)
     plot_ttft_cdf(out_dir / "ttft_cdf.png", title, loads)
     return markdown
@@ -116,8 +120,15 @@ def plot_hit_rates(path: Path, title: str, rows: Sequence[ContenderRow], bounds:
     colors = [_KIND_COLORS.get(name.split(" ")[0], "tab:gray") for name in names]
     axes.barh(names, [row.hit_rate for row in rows], color=colors)
     if bounds is not None:
-        axes.axvline(bounds.pooled_lru, color="black", linestyle="--", label=f"pooled LRU bound {bounds.pooled_lru:.1%}")
-        axes.axvline(bounds.infinite_cache, color="black", linestyle=":", label=f"infinite cache bound {bounds.infinite_cache:.1%}")
+        axes.axvline(
+            bounds.pooled_lru, color="black", linestyle="--", label=f"pooled LRU bound {bounds.pooled_lru:.1%}"
+        )
+        axes.axvline(
+            bounds.infinite_cache,
+            color="black",
+            linestyle=":",
+            label=f"infinite cache bound {bounds.infinite_cache:.1%}",
+        )
         axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize="small")
     axes.set_xlim(0, 1)
     axes.set_xlabel("prefix-cache hit rate (cached / prompt tokens)")

@@ -55,7 +55,9 @@ def run_benchmark(settings: RunSettings) -> RunOutcome:
     for contender in settings.contenders:
         print(f"-- {contender.name}", flush=True)
         try:
-            with deploy(contender, settings.fleet, settings.out_dir / _slug(contender.name), tokenizer.decode) as deployment:
+            with deploy(
+                contender, settings.fleet, settings.out_dir / _slug(contender.name), tokenizer.decode
+            ) as deployment:
                 load = asyncio.run(
                     run_load(requests, deployment.target, settings.users, settings.request_timeout_s, contender.name)
                 )
@@ -66,7 +68,9 @@ def run_benchmark(settings: RunSettings) -> RunOutcome:
             continue
         loads[contender.name] = load
         rows.append(summarize(contender.name, load, served, settings.ttft_slo_s))
-        print(f"-- {contender.name}: {rows[-1].hit_rate:.1%} hit rate, TTFT p99 {rows[-1].ttft_p99_s:.3f} s", flush=True)
+        print(
+            f"-- {contender.name}: {rows[-1].hit_rate:.1%} hit rate, TTFT p99 {rows[-1].ttft_p99_s:.3f} s", flush=True
+        )
     meta = {
         "workload": settings.workload,
         "params": dataclasses.asdict(params),

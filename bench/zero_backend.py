@@ -23,7 +23,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     choice = {"index": 0, "finish_reason": "stop", "logprobs": None}
-    choice |= {"delta" if body.get("stream") else "message": {"role": "assistant", "content": ANSWER}} if chat else {"text": ANSWER}
+    choice |= (
+        {"delta" if body.get("stream") else "message": {"role": "assistant", "content": ANSWER}}
+        if chat
+        else {"text": ANSWER}
+    )
     envelope = {"id": "cmpl-zero", "created": 0, "model": body.get("model", "zero"), "choices": [choice]}
     if not body.get("stream"):
         envelope["object"] = "chat.completion" if chat else "text_completion"
@@ -44,7 +48,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "smollm2-135m", "object": "model", "created": 0, "owned_by": "bench"}]})
+    return web.json_response(
+        {"object": "list", "data": [{"id": "smollm2-135m", "object": "model", "created": 0, "owned_by": "bench"}]}
+    )
 
 
 def build_app() -> web.Application:

@@ -89,7 +89,7 @@ def _decode_group(decodes: list[SeqChunk], block_size: int, window: int | None, 
     context_lens = [chunk.start_pos + 1 for chunk in decodes]
     max_blocks = _blocks_for(max(context_lens), block_size)
     rows = []
-    for chunk, context_len in zip(decodes, context_lens):
+    for chunk, context_len in zip(decodes, context_lens, strict=False):
         used = chunk.block_table[: _blocks_for(context_len, block_size)]
         rows.append(used + [0] * (max_blocks - len(used)))
     tables = torch.tensor(rows, dtype=torch.long, device=device)

@@ -153,7 +153,9 @@ class BlockManager:
         assert not in_use & (empty | evictable), "a free block is referenced"
         assert len(empty) + len(evictable) + len(in_use) == self.num_blocks, "a block is lost"
         assert all(self.blocks[block_id].block_hash is None for block_id in empty), "an empty block has a hash"
-        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable), "cached-free block without hash"
+        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable), (
+            "cached-free block without hash"
+        )
         for block_hash, block_id in self._cached.items():
             assert self.blocks[block_id].block_hash == block_hash, "hash map and block disagree"
         hashed = sum(1 for block in self.blocks if block.block_hash is not None)
@@ -167,7 +169,9 @@ class BlockManager:
         for index in range(max_hit_blocks):
             block_id = self._cached.get(seq.block_hashes[index])
             start = index * self.block_size
-            if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[start : start + self.block_size]):
+            if block_id is None or self.blocks[block_id].token_ids != tuple(
+                seq.token_ids[start : start + self.block_size]
+            ):
                 break
             hits.append(block_id)
         return hits

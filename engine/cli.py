@@ -53,11 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one bundled paged-cache engine replica with an OpenAI-compatible API.",
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=DEFAULT_MODEL, help="bundled model name, a .gguf file or an HF folder (default: %(default)s)")
-    model.add_argument("--served-model-name", help="name clients send as 'model' (default: the --model value)")
-    model.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: %(default)s)")
     model.add_argument(
-        "--threads", type=positive_int, default=None,
+        "--model", default=DEFAULT_MODEL, help="bundled model name, a .gguf file or an HF folder (default: %(default)s)"
+    )
+    model.add_argument("--served-model-name", help="name clients send as 'model' (default: the --model value)")
+    model.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs (default: %(default)s)"
+    )
+    model.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
         help="CPU threads for the forward pass (default: all cores); use 1 per replica when several share few cores",
     )
     model.add_argument(
@@ -73,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     server.add_argument("--port", type=positive_int, default=8100, help="port to listen on (default: %(default)s)")
     server.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default: %(default)s)"
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity (default: %(default)s)",
     )
 
     cache = parser.add_argument_group("KV cache")
@@ -92,17 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "fp8"], default="auto",
         help="KV storage dtype; auto = --dtype, fp8 = e4m3 with a per-block scale (default: %(default)s)",
     )  # fmt: skip
-    cache.add_argument("--kv-events", metavar="tcp://HOST:PORT", help="publish KV events (vLLM format) on a ZMQ PUB socket bound here")
-    cache.add_argument("--kv-events-topic", default=DEFAULT_TOPIC, help="topic frame of published KV events (default: %(default)s)")
+    cache.add_argument(
+        "--kv-events", metavar="tcp://HOST:PORT", help="publish KV events (vLLM format) on a ZMQ PUB socket bound here"
+    )
+    cache.add_argument(
+        "--kv-events-topic", default=DEFAULT_TOPIC, help="topic frame of published KV events (default: %(default)s)"
+    )
 
     batching = parser.add_argument_group("batching")
-    batching.add_argument("--max-num-seqs", type=positive_int, default=64, help="most sequences in one step (default: %(default)s)")
+    batching.add_argument(
+        "--max-num-seqs", type=positive_int, default=64, help="most sequences in one step (default: %(default)s)"
+    )
     batching.add_argument(
         "--max-num-batched-tokens", type=positive_int, default=2048,
         help="token budget of one step; longer prompts are prefilled in chunks (default: %(default)s)",
     )  # fmt: skip
     batching.add_argument(
-        "--check-invariants", action="store_true", help="assert the block manager's invariants after every step (tests, debugging)"
+        "--check-invariants",
+        action="store_true",
+        help="assert the block manager's invariants after every step (tests, debugging)",
     )
 
     sim = parser.add_argument_group(
@@ -111,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--sim", action="store_true", help="run the cost model instead of the real model")
     sim.add_argument(
-        "--sim-preset", choices=sorted(SIM_PRESETS), default="smollm2-cpu", help="cost constants to start from (default: %(default)s)"
+        "--sim-preset",
+        choices=sorted(SIM_PRESETS),
+        default="smollm2-cpu",
+        help="cost constants to start from (default: %(default)s)",
     )
     for name, flag in _SIM_COST_FLAGS.items():
         sim.add_argument(flag, type=float, dest=f"sim_{name}", metavar="SECONDS", help=f"override the preset's {name}")
@@ -157,7 +177,9 @@ def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenize
 
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    return TorchModelRunner(config.model, config.block_size, budget.num_blocks, config.device, config.dtype, config.kv_cache_dtype)
+    return TorchModelRunner(
+        config.model, config.block_size, budget.num_blocks, config.device, config.dtype, config.kv_cache_dtype
+    )
 
 
 def plan_budget(config: EngineConfig, arch: ModelArch) -> KVBudget:

@@ -70,7 +70,12 @@ def plan_kv_budget(
         free, total = cuda_memory()
         utilization = config.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
         used_by_others = total - free
-        budget = int(total * utilization) - used_by_others - weights_bytes(arch, config.dtype) - CUDA_ACTIVATION_RESERVE_BYTES
+        budget = (
+            int(total * utilization)
+            - used_by_others
+            - weights_bytes(arch, config.dtype)
+            - CUDA_ACTIVATION_RESERVE_BYTES
+        )
         num_blocks = blocks_for_memory(arch, config.kv_dtype, budget, config.block_size)
     budget_plan = KVBudget(bytes_per_token, num_blocks, config.block_size, config.kv_dtype, max_model_len)
     if budget_plan.max_concurrency < 1:

@@ -194,7 +194,7 @@ class LLMEngine:
         now = time.monotonic()
         self._record_prefill_rate(step, now - started)
         self.scheduler.postprocess(step, sampled)
-        deliveries = [self._advance(seq, token_id, now) for seq, token_id in zip(step.seqs, sampled)]
+        deliveries = [self._advance(seq, token_id, now) for seq, token_id in zip(step.seqs, sampled, strict=False)]
         if self.check_invariants:
             self.block_manager.assert_invariants()
         ready = [delivery for delivery in deliveries if delivery is not None]

@@ -5,7 +5,26 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 disable_created_metrics()
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class EngineMetrics:
@@ -33,7 +52,9 @@ class EngineMetrics:
         self.num_running = gauge("vllm:num_requests_running", "Requests in the running batch.")
         self.num_waiting = gauge("vllm:num_requests_waiting", "Requests waiting for admission.")
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Time from arrival to first token.")
-        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens.")
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds", "Time between consecutive output tokens."
+        )
         self.e2e_latency = histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.")
         cache_info = Gauge(
             "vllm:cache_config_info", "KV cache configuration.", ["block_size", "num_gpu_blocks"], registry=registry

@@ -73,7 +73,7 @@ class TorchModelRunner:
         results: list[int | None] = [None] * len(chunks)
         sampled_indices, last_rows = [], []
         end = 0
-        for index, chunk in zip(order, ordered):
+        for index, chunk in zip(order, ordered, strict=False):
             end += len(chunk.token_ids)
             if chunk.sample:
                 sampled_indices.append(index)
@@ -82,7 +82,7 @@ class TorchModelRunner:
             logits = self.model.logits(hidden[torch.tensor(last_rows, device=self.device)])
             sampled = [chunks[index] for index in sampled_indices]
             tokens = self.sampler(logits, [c.sampling for c in sampled], [c.num_generated for c in sampled])
-            for index, token in zip(sampled_indices, tokens):
+            for index, token in zip(sampled_indices, tokens, strict=False):
                 results[index] = token
         return results
 

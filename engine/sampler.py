@@ -56,7 +56,7 @@ class Sampler:
             logits = apply_top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         noise = torch.empty_like(probs)
-        for row, (p, step) in enumerate(zip(params, num_generated)):
+        for row, (p, step) in enumerate(zip(params, num_generated, strict=False)):
             generator = None
             if p.seed is not None:
                 generator = torch.Generator(device=self.device).manual_seed(step_seed(p.seed, step))

@@ -72,7 +72,7 @@ class Scheduler:
 
     def postprocess(self, step: ScheduledStep, sampled: list[int | None]) -> None:
         """Record computed chunks, cache newly full blocks and append sampled tokens."""
-        for seq, chunk, token_id in zip(step.seqs, step.chunks, sampled):
+        for seq, chunk, token_id in zip(step.seqs, step.chunks, sampled, strict=False):
             seq.num_computed_tokens += len(chunk.token_ids)
             self.block_manager.register_computed_blocks(seq)
             if token_id is not None:

@@ -124,7 +124,9 @@ class EngineServer:
         shape: ResponseShape,
     ) -> web.StreamResponse:
         params = sampling_params(body, len(prompt_ids), self.max_model_len)
-        outputs = self.engine.generate(prompt_ids, params, self.max_model_len, self.tokenizer.eos_token_id, body.cache_salt)
+        outputs = self.engine.generate(
+            prompt_ids, params, self.max_model_len, self.tokenizer.eos_token_id, body.cache_salt
+        )
         async with aclosing(outputs):
             if body.stream:
                 return await self._stream(request, outputs, shape, body.include_usage)

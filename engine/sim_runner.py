@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from engine.runner_api import SeqChunk
 
-SIM_TEXT = " the quick brown fox jumps over a lazy dog while seven small birds sing in green trees near an old stone bridge."
+SIM_TEXT = (
+    " the quick brown fox jumps over a lazy dog while seven small birds sing in green trees near an old stone bridge."
+)
 """Pseudo output cycles through the tokens of this text, so simulated answers read as words."""
 
 
@@ -40,7 +42,9 @@ class SimCosts:
                 seconds += new * (self.prefill_per_token_s + chunk.start_pos * self.prefill_per_token_context_s)
         if decodes:
             context = sum(chunk.start_pos + 1 for chunk in decodes)
-            seconds += self.decode_base_s + len(decodes) * self.decode_per_seq_s + context * self.decode_per_context_token_s
+            seconds += (
+                self.decode_base_s + len(decodes) * self.decode_per_seq_s + context * self.decode_per_context_token_s
+            )
         return seconds
 
 

@@ -210,7 +210,7 @@ class BackendPool:
                 ok = response.status == 200
             if ok:
                 backend.reported = await _get_json(session, f"{url}/stats", timeout) or {}
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             ok = False
         if backend.record_check(ok, self.health):
             backend.max_model_len = _max_model_len(await _get_json(session, f"{url}/v1/models", timeout))
@@ -232,7 +232,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.C
             if response.status == 200:
                 value = await response.json(content_type=None)
                 return value if isinstance(value, dict) else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         pass
     return None
 

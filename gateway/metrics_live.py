@@ -72,11 +72,13 @@ class LiveStateCollector(Collector):
         yield blocks
         yield from _kv_events(index["kv_events"], router.tracker.subscribers)
         yield GaugeMetricFamily(
-            "kvgate_prediction_exact_ratio", "Share of requests whose predicted cached tokens equal the reported ones.",
+            "kvgate_prediction_exact_ratio",
+            "Share of requests whose predicted cached tokens equal the reported ones.",
             calibration["exact_fraction"],
         )
         yield GaugeMetricFamily(
-            "kvgate_prediction_mean_abs_error_tokens", "Mean |predicted - reported| cached tokens per request.",
+            "kvgate_prediction_mean_abs_error_tokens",
+            "Mean |predicted - reported| cached tokens per request.",
             calibration["mean_abs_error_tokens"],
         )
 

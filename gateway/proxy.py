@@ -7,6 +7,7 @@ calibration) and drop that final chunk again when the client did not ask for it.
 """
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.Str
             ),
             call.timeouts.first_token_s,
         )
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
         if upstream.status != 200 or not call.stream:
@@ -77,7 +78,7 @@ async def _relay_whole(
 ) -> tuple[web.StreamResponse, UpstreamOutcome]:
     try:
         data = await asyncio.wait_for(upstream.read(), call.timeouts.first_token_s)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
     if upstream.status >= 500:
         raise UpstreamFailed(f"backend answered {upstream.status}")
@@ -102,7 +103,7 @@ async def _relay_stream(
     events = _sse_events(upstream.content, call.timeouts)
     try:
         first = await anext(events)
-    except (StopAsyncIteration, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, StopAsyncIteration, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
     outcome.first_token_at = time.perf_counter()
     call.on_first_token()
@@ -118,7 +119,7 @@ async def _relay_stream(
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         outcome.client_gone = True
         return response, outcome
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         failure = OpenAIError(502, f"backend stream ended abnormally: {type(exc).__name__}", "upstream_error")
         await _write_quietly(response, b"data: " + orjson.dumps(failure.body()) + b"\n\n")
     await _write_eof_quietly(response)
@@ -171,14 +172,10 @@ def _json_or_none(data: bytes) -> dict | None:
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
-    try:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await response.write(data)
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        pass
 
 
 async def _write_eof_quietly(response: web.StreamResponse) -> None:
-    try:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        pass

@@ -20,7 +20,9 @@ APPROXIMATE = "approximate"
 
 
 class PromptTokenizer(Protocol):
-    async def encode_chat_async(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]: ...
+    async def encode_chat_async(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]: ...
 
     async def encode_prompt_async(self, prompt: str) -> list[int]: ...
 
@@ -78,7 +80,8 @@ class ModelRegistry:
         tokenizer_of = {config.backend_model(backend): backend.tokenizer for backend in config.backends}
         tokenizer_of[config.model] = config.tokenizer or tokenizer_of.get(config.model)
         models = {
-            name: ServedModel(name, normalizer, load_tokenizer(name, tokenizer)) for name, tokenizer in tokenizer_of.items()
+            name: ServedModel(name, normalizer, load_tokenizer(name, tokenizer))
+            for name, tokenizer in tokenizer_of.items()
         }
         return cls(models)
 

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """The flags every config-driven command shares."""
     parser.add_argument("-c", "--config", default="config.yaml", help="config file (default: %(default)s)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
 
 
 def load_command_config(args: argparse.Namespace) -> KvgateConfig | None:

@@ -26,7 +26,8 @@ _PR_SET_PDEATHSIG = 1
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kvgate up", description="Start the bundled engines listed under `engines:` and the gateway in front of them."
+        prog="kvgate up",
+        description="Start the bundled engines listed under `engines:` and the gateway in front of them.",
     )
     add_config_flags(parser)
     return parser
@@ -88,7 +89,7 @@ async def _wait_ready(engine: EngineSpec, child: asyncio.subprocess.Process) -> 
                     if response.status == 200:
                         log.info("engine on port %d is ready", engine.port)
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             await asyncio.sleep(0.5)
     raise EngineFailedError(f"engine on port {engine.port} not ready after {ENGINE_READY_TIMEOUT_S:.0f}s")
@@ -100,7 +101,7 @@ async def _stop_all(children: list[asyncio.subprocess.Process], grace_s: float =
         child.terminate()
     try:
         await asyncio.wait_for(asyncio.gather(*(child.wait() for child in running)), grace_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         for child in running:
             if child.returncode is None:
                 child.kill()

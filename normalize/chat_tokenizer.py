@@ -29,7 +29,9 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -109,7 +111,9 @@ def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
     """Join a message's text parts with newlines, as vLLM does, so templates see one string."""
     content = message.get("content")
     if isinstance(content, list):
-        text = "\n".join(part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") == "text")
+        text = "\n".join(
+            part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
         return {**message, "content": text}
     if content is None:
         return {**message, "content": ""}

@@ -29,23 +29,60 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dtypes = ", ".join(BITS_PER_ELEMENT)
     add = parser.add_argument
-    add("--model", required=True, metavar="CONFIG",
+    add(
+        "--model",
+        required=True,
+        metavar="CONFIG",
         help="a config.json, a model folder, a .gguf file, the bundled smollm2-135m, "
-             f"or a preset: {', '.join(preset_names())}")
-    add("--kv-dtype", default="bf16", choices=BITS_PER_ELEMENT, metavar="DTYPE",
-        help=f"KV-cache dtype of the per-sequence and capacity tables: {dtypes} (default bf16)")
-    add("--gpu-memory", type=_memory_size, metavar="SIZE",
-        help="memory of one GPU, e.g. 24GiB, 80GB, or 24 (GiB); adds the capacity table")
-    add("--weights-dtype", default="bf16", choices=BITS_PER_ELEMENT, metavar="DTYPE",
-        help="dtype of the weights, for the weights estimate (default bf16)")
-    add("--utilization", type=float, default=0.9, metavar="FRACTION",
-        help="share of GPU memory the engine may use, as vLLM's gpu_memory_utilization (default 0.9)")
-    add("--overhead-gib", type=float, default=2.0, metavar="GIB",
-        help="GiB kept back for activations, CUDA graphs and allocator slack (default 2)")
-    add("--context", type=int, metavar="N",
-        help="prompt tokens per sequence (default: the model's max context minus the output tokens)")
-    add("--output-tokens", type=int, default=0, metavar="M",
-        help="generated tokens per sequence, whose KV is held too (default 0)")
+        f"or a preset: {', '.join(preset_names())}",
+    )
+    add(
+        "--kv-dtype",
+        default="bf16",
+        choices=BITS_PER_ELEMENT,
+        metavar="DTYPE",
+        help=f"KV-cache dtype of the per-sequence and capacity tables: {dtypes} (default bf16)",
+    )
+    add(
+        "--gpu-memory",
+        type=_memory_size,
+        metavar="SIZE",
+        help="memory of one GPU, e.g. 24GiB, 80GB, or 24 (GiB); adds the capacity table",
+    )
+    add(
+        "--weights-dtype",
+        default="bf16",
+        choices=BITS_PER_ELEMENT,
+        metavar="DTYPE",
+        help="dtype of the weights, for the weights estimate (default bf16)",
+    )
+    add(
+        "--utilization",
+        type=float,
+        default=0.9,
+        metavar="FRACTION",
+        help="share of GPU memory the engine may use, as vLLM's gpu_memory_utilization (default 0.9)",
+    )
+    add(
+        "--overhead-gib",
+        type=float,
+        default=2.0,
+        metavar="GIB",
+        help="GiB kept back for activations, CUDA graphs and allocator slack (default 2)",
+    )
+    add(
+        "--context",
+        type=int,
+        metavar="N",
+        help="prompt tokens per sequence (default: the model's max context minus the output tokens)",
+    )
+    add(
+        "--output-tokens",
+        type=int,
+        default=0,
+        metavar="M",
+        help="generated tokens per sequence, whose KV is held too (default 0)",
+    )
     add("--json", action="store_true", help="print the same numbers as JSON")
     return parser  # fmt: skip
 

@@ -25,7 +25,13 @@ _GGUF_FIELDS: dict[str, str] = {
     "vocab_size": "vocab_size",
     "expert_count": "num_local_experts",
 }
-_REQUIRED_GGUF_KEYS = ("block_count", "attention.head_count", "embedding_length", "feed_forward_length", "context_length")
+_REQUIRED_GGUF_KEYS = (
+    "block_count",
+    "attention.head_count",
+    "embedding_length",
+    "feed_forward_length",
+    "context_length",
+)
 
 
 class UnreadableModelFileError(ValueError):

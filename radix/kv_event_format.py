@@ -86,7 +86,7 @@ def _decode_event(item: Any) -> KVEvent | None:
         fields = {key: value for key, value in item.items() if key != "type"}
     elif isinstance(item, list) and item and isinstance(item[0], str):
         name = item[0]
-        fields = dict(zip(_POSITIONAL_FIELDS.get(name, ()), item[1:]))
+        fields = dict(zip(_POSITIONAL_FIELDS.get(name, ()), item[1:], strict=False))
     else:
         return None
     cls = _EVENT_TYPES.get(name)

@@ -118,8 +118,13 @@ class KVEventApplier:
         sizes_agree = len(event.token_ids) == len(event.block_hashes) * engine_size
         if not engine_size or engine_size % self.block_size or not sizes_agree:
             self.counters.malformed += 1
-            log.warning("%s: KV event with %d tokens for %d blocks of %s tokens skipped",
-                        self.replica, len(event.token_ids), len(event.block_hashes), engine_size)
+            log.warning(
+                "%s: KV event with %d tokens for %d blocks of %s tokens skipped",
+                self.replica,
+                len(event.token_ids),
+                len(event.block_hashes),
+                engine_size,
+            )
             return None
         if engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
             return [int.from_bytes(external, "big") for external in event.block_hashes]

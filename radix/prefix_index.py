@@ -146,7 +146,9 @@ class PrefixIndex:
         old_masks = list(map(holders.get, leaf_first, repeat(0)))
         held = list(map(and_, old_masks, repeat(bit)))
         joining = list(map(not_, held))
-        holders.update(zip(compress(leaf_first, joining), map(or_, compress(old_masks, joining), repeat(bit))))
+        holders.update(
+            zip(compress(leaf_first, joining), map(or_, compress(old_masks, joining), repeat(bit)), strict=False)
+        )
         deque(map(lru.pop, compress(leaf_first, held)), maxlen=0)
         lru.update(zip(leaf_first, repeat(now)))
         self._evict_to_capacity(slot)

@@ -26,7 +26,9 @@ class ManagedProcess(Process):
         self.proc.wait(15)
 
 
-def start(cmd: list[str], port: int, log_path: Path, ready_path: str = "/health", timeout: float = 180.0) -> ManagedProcess:
+def start(
+    cmd: list[str], port: int, log_path: Path, ready_path: str = "/health", timeout: float = 180.0
+) -> ManagedProcess:
     """Start ``cmd`` in its own process group and wait until GET ready_path answers 200."""
     launched = launch(cmd, port, log_path)
     managed = ManagedProcess(launched.proc, port, log_path)
@@ -66,10 +68,14 @@ class HttpReply:
         return json.loads(self.body)
 
 
-def http(method: str, url: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> HttpReply:
+def http(
+    method: str, url: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60
+) -> HttpReply:
     """One plain HTTP call that returns error statuses instead of raising (for bad-input tests)."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return HttpReply(response.status, dict(response.headers), response.read())

@@ -46,10 +46,18 @@ def main() -> None:
     parser.add_argument("--engine-flags", default="--dtype float32", help="extra flags for kvgate engine (quoted)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as log_dir:
-        engine = start_engine(Path(log_dir), "--max-model-len", "4096", "--num-blocks", "1024", *args.engine_flags.split())
+        engine = start_engine(
+            Path(log_dir), "--max-model-len", "4096", "--num-blocks", "1024", *args.engine_flags.split()
+        )
         try:
-            requests = [request for trial in range(args.trials) for request in trial_requests(trial, args.prompt_tokens, args.cached_tokens, args.max_tokens)]
-            results = asyncio.run(run_load(requests, Target((engine.url,), MODEL), users=1, label="prefix-ttft")).results
+            requests = [
+                request
+                for trial in range(args.trials)
+                for request in trial_requests(trial, args.prompt_tokens, args.cached_tokens, args.max_tokens)
+            ]
+            results = asyncio.run(
+                run_load(requests, Target((engine.url,), MODEL), users=1, label="prefix-ttft")
+            ).results
         finally:
             engine.stop()
     report(results, args)

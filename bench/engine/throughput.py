@@ -95,11 +95,15 @@ def run_transformers(prompts: list[list[int]], output_tokens: int, threads: int,
         allow_block_sharing=False,
     )
     started = time.perf_counter()
-    outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching, record_timestamps=True, warmup=False)
+    outputs = model.generate_batch(
+        prompts, generation_config=generation, continuous_batching_config=batching, record_timestamps=True, warmup=False
+    )
     seconds = time.perf_counter() - started
     ttfts = [output.timestamps[0] - output.created_time for output in outputs.values() if output.timestamps]
     produced = sum(len(output.generated_tokens) for output in outputs.values())
-    return Outcome("transformers generate_batch", produced, seconds, statistics.median(ttfts) if ttfts else float("nan"))
+    return Outcome(
+        "transformers generate_batch", produced, seconds, statistics.median(ttfts) if ttfts else float("nan")
+    )
 
 
 def main() -> None:
@@ -107,18 +111,27 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of transformers (the engine uses torch's default, one per core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads of transformers (the engine uses torch's default, one per core)",
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=2048, help="token budget per step of both contenders")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     prompts = make_prompts(args.requests, args.prompt_tokens)
-    print(f"{args.requests} requests x {args.prompt_tokens} prompt tokens -> {args.output_tokens} output tokens, float32")
+    print(
+        f"{args.requests} requests x {args.prompt_tokens} prompt tokens -> {args.output_tokens} output tokens, float32"
+    )
     kvgate = run_kvgate(prompts, args.output_tokens, args.max_batch_tokens)
     print(kvgate.line())
     if not args.skip_transformers:
         baseline = run_transformers(prompts, args.output_tokens, args.threads, args.max_batch_tokens)
         print(baseline.line())
-        print(f"kvgate / transformers throughput: {kvgate.output_tokens / kvgate.seconds / (baseline.output_tokens / baseline.seconds):.2f}x")
+        print(
+            f"kvgate / transformers throughput: {kvgate.output_tokens / kvgate.seconds / (baseline.output_tokens / baseline.seconds):.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -116,7 +116,10 @@ def running_gateway(vllm: Process, options: VllmOptions, log_dir: Path) -> Itera
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     gateway = launch(kvgate_command("gateway", "-c", str(config_path)), port, log_dir / "kvgate-gateway.log")
     try:
-        wait_ready(gateway, lambda: BACKEND in orjson.loads(http_body(f"{gateway.url}/health") or b"{}").get("healthy_backends", []))
+        wait_ready(
+            gateway,
+            lambda: BACKEND in orjson.loads(http_body(f"{gateway.url}/health") or b"{}").get("healthy_backends", []),
+        )
         yield gateway
     finally:
         gateway.stop()
@@ -133,7 +136,12 @@ class Checklist:
 
 def check_endpoints(gateway: str, model: str, checks: Checklist) -> None:
     """Chat and completions, streamed and not, answer through the gateway from the vLLM backend."""
-    chat = {"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0}
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
     completion = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
     for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
         for stream in (False, True):
@@ -162,13 +170,21 @@ def check_prefix_hits(gateway: str, model: str, checks: Checklist) -> list[tuple
         for stream in (False, True):
             first, second = prompt_pair(rng, shared, first_length)
             extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
-            post(gateway + "/v1/completions", {"model": model, "prompt": first, "max_tokens": 2, "temperature": 0, **extra})
+            post(
+                gateway + "/v1/completions",
+                {"model": model, "prompt": first, "max_tokens": 2, "temperature": 0, **extra},
+            )
             time.sleep(0.5)
-            reply = post(gateway + "/v1/completions", {"model": model, "prompt": second, "max_tokens": 2, "temperature": 0, **extra})
+            reply = post(
+                gateway + "/v1/completions",
+                {"model": model, "prompt": second, "max_tokens": 2, "temperature": 0, **extra},
+            )
             label = f"{shared} shared tokens (first prompt {first_length}), stream={stream}"
             expected = shared // VLLM_CPU_BLOCK_SIZE * VLLM_CPU_BLOCK_SIZE
             checks.check(
-                reply.cached_tokens == expected, f"cached_tokens through the gateway, {label}", f"{reply.cached_tokens}, expected {expected}"
+                reply.cached_tokens == expected,
+                f"cached_tokens through the gateway, {label}",
+                f"{reply.cached_tokens}, expected {expected}",
             )
             rows.append((label, reply.predicted_cached_tokens, reply.cached_tokens))
     return rows
@@ -183,7 +199,11 @@ def check_chat_prefix(gateway: str, model: str, checks: Checklist) -> tuple[str,
         for question in ("What is rule 3?", "Which source does rule 5 cite?")
     ]  # fmt: skip
     second = replies[1]
-    checks.check(second.cached_tokens > 0, "chat with a shared system prompt: cached_tokens through the gateway", str(second.cached_tokens))
+    checks.check(
+        second.cached_tokens > 0,
+        "chat with a shared system prompt: cached_tokens through the gateway",
+        str(second.cached_tokens),
+    )
     label = f"chat, {second.usage.get('prompt_tokens')}-token prompt, shared system prompt"
     return label, second.predicted_cached_tokens, second.cached_tokens
 
@@ -191,7 +211,9 @@ def check_chat_prefix(gateway: str, model: str, checks: Checklist) -> tuple[str,
 def check_kv_events(gateway: str, vllm: str, checks: Checklist) -> None:
     samples = metric_samples(f"{gateway}/metrics", "kvgate_kv_event_batches_total")
     batches = sum(value for labels, value in samples if labels.get("backend") == BACKEND)
-    checks.check(batches > 0, "gateway received vLLM KV event batches (kvgate_kv_event_batches_total)", f"{batches:.0f}")
+    checks.check(
+        batches > 0, "gateway received vLLM KV event batches (kvgate_kv_event_batches_total)", f"{batches:.0f}"
+    )
     print(f"  router prefix index (/dashboard/stats.json): {orjson.dumps(prefix_index(gateway)).decode()}")
     hits = metric_samples(f"{vllm}/metrics", "vllm:prefix_cache_hits_total")
     queries = metric_samples(f"{vllm}/metrics", "vllm:prefix_cache_queries_total")

@@ -15,7 +15,32 @@ from dataclasses import dataclass
 from bench.workloads.token_blocks import poisson_arrivals
 from bench.workloads.types import BenchRequest
 
-SYLLABLES = "ka lo mi ne ru ta so vi de pa ho ri gu be an el or ust ing ter pre con dis ble".split()
+SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ne",
+    "ru",
+    "ta",
+    "so",
+    "vi",
+    "de",
+    "pa",
+    "ho",
+    "ri",
+    "gu",
+    "be",
+    "an",
+    "el",
+    "or",
+    "ust",
+    "ing",
+    "ter",
+    "pre",
+    "con",
+    "dis",
+    "ble",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +67,7 @@ def generate(params: NormalizationNoiseParams) -> list[BenchRequest]:
     rng.shuffle(chats)
     arrivals = poisson_arrivals(rng, len(chats), params.request_rate)
     requests = []
-    for index, ((group, question), arrival) in enumerate(zip(chats, arrivals)):
+    for index, ((group, question), arrival) in enumerate(zip(chats, arrivals, strict=False)):
         clean = prompts[group]
         sent = add_noise(rng, clean) if rng.random() < params.noise_fraction else clean
         requests.append(

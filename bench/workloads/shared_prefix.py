@@ -45,5 +45,5 @@ def generate(params: SharedPrefixParams, vocab: Sequence[int] = DEFAULT_VOCAB) -
             user=f"group-{group}",
             group=f"group-{group}",
         )
-        for index, ((group, prompt), arrival) in enumerate(zip(prompts, arrivals))
+        for index, ((group, prompt), arrival) in enumerate(zip(prompts, arrivals, strict=False))
     ]

@@ -42,5 +42,5 @@ def generate(params: SkewParams, vocab: Sequence[int] = DEFAULT_VOCAB) -> list[B
             user=f"group-{group}",
             group=f"group-{group}",
         )
-        for index, (group, arrival) in enumerate(zip(groups, arrivals))
+        for index, (group, arrival) in enumerate(zip(groups, arrivals, strict=False))
     ]

@@ -18,6 +18,4 @@ def key_matches(given: str, expected: str) -> bool:
 
 
 def unauthorized(message: str) -> OpenAIError:
-    return OpenAIError(
-        401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="kvgate"'}
-    )
+    return OpenAIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="kvgate"'})

@@ -6,7 +6,9 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.types import ReplicaState, RouteRequest
 
 
-def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int, engine_block_size: int | None = None) -> int:
+def cached_tokens(
+    matched_blocks: int, prompt_tokens: int, block_size: int, engine_block_size: int | None = None
+) -> int:
     """Prompt tokens an engine will serve from cache given a matched prefix of gateway blocks.
 
     The engine hits whole blocks of its own size (vLLM on CPU: 128 tokens), and, like vLLM and

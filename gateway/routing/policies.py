@@ -75,7 +75,7 @@ class Policy:
         totals = [0.0] * len(ctx.replicas)
         for scorer, weight in self.scorers:
             if weight:
-                totals = [total + weight * score for total, score in zip(totals, scorer.score(ctx))]
+                totals = [total + weight * score for total, score in zip(totals, scorer.score(ctx), strict=False)]
         order = sorted(
             range(len(ctx.replicas)),
             key=lambda i: (

@@ -14,17 +14,19 @@ MAX_TOKENS = 100
 
 async def test_requests_beyond_the_kv_budget_queue_then_complete(tmp_path: Path) -> None:
     flags = (*SLOW_SIM, "--num-blocks", str(NUM_BLOCKS), "--max-model-len", "512")
-    with running(start_engines(tmp_path, 1, *flags)) as engines:
-        with gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway:
-            url = f"{gateway.url}/v1/chat/completions"
-            async with aiohttp.ClientSession() as session:
-                requests = [stream(session, url, chat(f"request {i}", MAX_TOKENS, ignore_eos=True)) for i in range(8)]
-                running_requests = [asyncio.create_task(request) for request in requests]
-                await asyncio.sleep(0.5)
-                status = await get_json(session, f"{gateway.url}/admin/backends")
-                results = await asyncio.gather(*running_requests)
-            backend = status["backends"][0]
-            assert backend["kv_capacity_blocks"] == NUM_BLOCKS
-            assert 0 < backend["kv_reserved_blocks"] <= NUM_BLOCKS and backend["in_flight"] < 8
-            assert status["queued"] == {"anonymous": 8 - backend["in_flight"]}
-            assert all(code == 200 and events[-1] == b"[DONE]" for code, events in results)
+    with (
+        running(start_engines(tmp_path, 1, *flags)) as engines,
+        gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway,
+    ):
+        url = f"{gateway.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as session:
+            requests = [stream(session, url, chat(f"request {i}", MAX_TOKENS, ignore_eos=True)) for i in range(8)]
+            running_requests = [asyncio.create_task(request) for request in requests]
+            await asyncio.sleep(0.5)
+            status = await get_json(session, f"{gateway.url}/admin/backends")
+            results = await asyncio.gather(*running_requests)
+        backend = status["backends"][0]
+        assert backend["kv_capacity_blocks"] == NUM_BLOCKS
+        assert 0 < backend["kv_reserved_blocks"] <= NUM_BLOCKS and backend["in_flight"] < 8
+        assert status["queued"] == {"anonymous": 8 - backend["in_flight"]}
+        assert all(code == 200 and events[-1] == b"[DONE]" for code, events in results)

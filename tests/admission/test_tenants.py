@@ -58,9 +58,8 @@ def test_concurrency_and_token_budgets_answer_429(monkeypatch: pytest.MonkeyPatc
     tenants = registry(monkeypatch)
     a, b = tenants.by_name["a"], tenants.by_name["b"]
     with a.admit(10):
-        with pytest.raises(OpenAIError) as error:
-            with a.admit(10):
-                pass
+        with pytest.raises(OpenAIError) as error, a.admit(10):
+            pass
         assert error.value.status == 429 and error.value.code == "concurrency_limit_exceeded"
     with a.admit(10):
         pass
@@ -68,9 +67,8 @@ def test_concurrency_and_token_budgets_answer_429(monkeypatch: pytest.MonkeyPatc
         charge.used = 30
     with b.admit(60) as charge:
         charge.used = 60
-    with pytest.raises(OpenAIError) as error:
-        with b.admit(60):
-            pass
+    with pytest.raises(OpenAIError) as error, b.admit(60):
+        pass
     assert error.value.code == "tokens_per_minute_exceeded" and int(error.value.headers["Retry-After"]) >= 1
 
 
@@ -87,8 +85,7 @@ def test_isolated_tenant_gets_its_own_salt_and_usage_survives_reload(monkeypatch
 
 def test_a_request_that_fails_gives_its_tokens_back(monkeypatch: pytest.MonkeyPatch) -> None:
     b = registry(monkeypatch).by_name["b"]
-    with pytest.raises(RuntimeError):
-        with b.admit(100):
-            raise RuntimeError("backend gone")
+    with pytest.raises(RuntimeError), b.admit(100):
+        raise RuntimeError("backend gone")
     with b.admit(100):
         pass

@@ -7,7 +7,17 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.gateway_cluster import MODEL, SLOW_SIM, chat, gateway_config, gateway_for, post, running, start_engines, stream
+from tests.gateway_cluster import (
+    MODEL,
+    SLOW_SIM,
+    chat,
+    gateway_config,
+    gateway_for,
+    post,
+    running,
+    start_engines,
+    stream,
+)
 from tests.procs import ManagedProcess, free_port
 
 ENV_KEY = "KVGATE_TEST_BETA_KEY"

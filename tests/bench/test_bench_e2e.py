@@ -9,12 +9,35 @@ from bench.processes import free_port, http_ok, kvgate_command, launch, wait_rea
 
 
 def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
-    code = main([
-        "run", "--workload", "shared-prefix", "--replicas", "2", "--policy", "cache_aware,round_robin",
-        "--num-blocks", "256", "--sim-prefill-us", "75", "--out", str(tmp_path),
-        "--set", "num_groups=6", "--set", "prompts_per_group=4", "--set", "system_prompt_len=256",
-        "--set", "question_len=32", "--set", "output_len=4", "--set", "request_rate=30",
-    ])
+    code = main(
+        [
+            "run",
+            "--workload",
+            "shared-prefix",
+            "--replicas",
+            "2",
+            "--policy",
+            "cache_aware,round_robin",
+            "--num-blocks",
+            "256",
+            "--sim-prefill-us",
+            "75",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "num_groups=6",
+            "--set",
+            "prompts_per_group=4",
+            "--set",
+            "system_prompt_len=256",
+            "--set",
+            "question_len=32",
+            "--set",
+            "output_len=4",
+            "--set",
+            "request_rate=30",
+        ]
+    )
     assert code == 0
     report = orjson.loads((tmp_path / "report.json").read_bytes())
     rows = {row["contender"]: row for row in report["rows"]}
@@ -30,19 +53,48 @@ def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
 
 def test_given_replicas_are_reused_with_cold_caches(tmp_path: Path) -> None:
     replicas = [
-        launch(kvgate_command("engine", "--sim", "--port", str(port), "--num-blocks", "128", "--max-model-len", "2048"),
-               port, tmp_path / f"engine-{port}.log")
+        launch(
+            kvgate_command("engine", "--sim", "--port", str(port), "--num-blocks", "128", "--max-model-len", "2048"),
+            port,
+            tmp_path / f"engine-{port}.log",
+        )
         for port in (free_port(), free_port())
     ]
     try:
         for replica in replicas:
             wait_ready(replica, lambda url=replica.url: http_ok(f"{url}/health"))
-        code = main([
-            "run", "--workload", "multi-turn", "--policy", "session", "--num-blocks", "128", "--predicted",
-            "--replica-url", replicas[0].url, "--replica-url", replicas[1].url, "--out", str(tmp_path / "out"),
-            "--set", "num_users=3", "--set", "turns=3", "--set", "system_prompt_len=64", "--set", "user_message_len=16",
-            "--set", "answer_len=16", "--set", "output_len=2", "--set", "think_s=0",
-        ])
+        code = main(
+            [
+                "run",
+                "--workload",
+                "multi-turn",
+                "--policy",
+                "session",
+                "--num-blocks",
+                "128",
+                "--predicted",
+                "--replica-url",
+                replicas[0].url,
+                "--replica-url",
+                replicas[1].url,
+                "--out",
+                str(tmp_path / "out"),
+                "--set",
+                "num_users=3",
+                "--set",
+                "turns=3",
+                "--set",
+                "system_prompt_len=64",
+                "--set",
+                "user_message_len=16",
+                "--set",
+                "answer_len=16",
+                "--set",
+                "output_len=2",
+                "--set",
+                "think_s=0",
+            ]
+        )
     finally:
         for replica in replicas:
             replica.stop()

@@ -15,7 +15,9 @@ from bench.workloads.types import BenchRequest
 @pytest.fixture(scope="module")
 def zero_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    process = launch(module_command("bench.zero_backend", "--port", str(port)), port, tmp_path_factory.mktemp("zero") / "zero.log")
+    process = launch(
+        module_command("bench.zero_backend", "--port", str(port)), port, tmp_path_factory.mktemp("zero") / "zero.log"
+    )
     wait_ready(process, lambda: http_ok(f"{process.url}/health"))
     yield process.url
     process.stop()

@@ -2,10 +2,9 @@
 
 import random
 
-from normalize.chat_tokenizer import ChatTokenizer
-
 from bench.text_vocab import round_trip_vocab
 from bench.workloads.token_blocks import random_tokens
+from normalize.chat_tokenizer import ChatTokenizer
 
 
 def test_round_trip_vocab_decodes_and_encodes_to_the_same_ids() -> None:

@@ -35,4 +35,6 @@ def test_export_is_a_plain_llama_folder_with_the_engines_weights_and_tokenizer(t
     text = "The capital of France is Paris.\n  Indented, émigré, 12345."
     assert tokenizer(text).input_ids == reference(text).input_ids
     messages = [{"role": "user", "content": "Hi"}]
-    assert tokenizer.apply_chat_template(messages, tokenize=False) == reference.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == reference.apply_chat_template(
+        messages, tokenize=False
+    )

@@ -34,7 +34,9 @@ def test_shared_prefix_shape() -> None:
     requests = shared_prefix(params)
     assert len(requests) == 12
     assert all(len(request.prompt_ids) == 72 and request.max_tokens == 5 for request in requests)
-    assert all(FIRST_ORDINARY_TOKEN <= token < SMOLLM2_VOCAB_SIZE for request in requests for token in request.prompt_ids)
+    assert all(
+        FIRST_ORDINARY_TOKEN <= token < SMOLLM2_VOCAB_SIZE for request in requests for token in request.prompt_ids
+    )
     by_group: dict[str, list[tuple[int, ...]]] = {}
     for request in requests:
         by_group.setdefault(request.group, []).append(request.prompt_ids)
@@ -74,7 +76,7 @@ def test_multi_turn_resends_growing_history() -> None:
     for user in range(3):
         turns = [request for request in requests if request.session_id == f"user-{user}"]
         assert [len(turn.prompt_ids) for turn in turns] == [40, 54, 68, 82]
-        for earlier, later in zip(turns, turns[1:]):
+        for earlier, later in zip(turns, turns[1:], strict=False):
             assert later.prompt_ids[: len(earlier.prompt_ids)] == earlier.prompt_ids
             assert later.think_s == params.think_s
     assert len({request.prompt_ids[:32] for request in requests}) == 1
@@ -143,7 +145,9 @@ TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversati
 def test_real_trace_prefix_sharing_matches_hash_ids() -> None:
     requests = trace_replay(TraceReplayParams(trace_file=str(TRACES), max_requests=200, block_tokens=32))
     records = [orjson.loads(line) for line in TRACES.read_bytes().splitlines()[:200]]
-    for (a, ra), (b, rb) in zip(zip(requests, records), list(zip(requests, records))[1:]):
+    for (a, ra), (b, rb) in zip(
+        zip(requests, records, strict=False), list(zip(requests, records, strict=False))[1:], strict=False
+    ):
         shared_ids = common_prefix(tuple(ra["hash_ids"]), tuple(rb["hash_ids"]))
         shared_tokens = min(shared_ids * 32, len(a.prompt_ids), len(b.prompt_ids))
         assert a.prompt_ids[:shared_tokens] == b.prompt_ids[:shared_tokens]

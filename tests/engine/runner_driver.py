@@ -53,7 +53,7 @@ def generate(
         chunks = [_next_chunk(seq, chunk_size, runner.block_size, free, sampling) for seq in active]
         kinds = {len(chunk.token_ids) > 1 for chunk in chunks}
         mixed_steps += kinds == {True, False}
-        for seq, chunk, token in zip(active, chunks, runner.execute(chunks)):
+        for seq, chunk, token in zip(active, chunks, runner.execute(chunks), strict=False):
             seq.computed = chunk.start_pos + len(chunk.token_ids)
             assert (token is not None) == chunk.sample
             if token is not None:
@@ -65,10 +65,9 @@ def generate(
 def _next_chunk(
     seq: DrivenSeq, chunk_size: int, block_size: int, free: list[int], sampling: SamplingParams
 ) -> SeqChunk:
-    if seq.computed < len(seq.prompt):
-        tokens = seq.prompt[seq.computed : seq.computed + chunk_size]
-    else:
-        tokens = [seq.output[-1]]
+    tokens = (
+        seq.prompt[seq.computed : seq.computed + chunk_size] if seq.computed < len(seq.prompt) else [seq.output[-1]]
+    )
     end = seq.computed + len(tokens)
     while len(seq.block_table) * block_size < end:
         seq.block_table.append(free.pop())

@@ -19,7 +19,9 @@ def test_every_flag_is_explained() -> None:
 
 
 def test_sim_flags_override_the_preset() -> None:
-    config = config_from_args(build_parser().parse_args(["--sim", "--sim-decode-base-s", "0.5", "--served-model-name", "m"]))
+    config = config_from_args(
+        build_parser().parse_args(["--sim", "--sim-decode-base-s", "0.5", "--served-model-name", "m"])
+    )
     assert config.sim and config.sim_costs is not None
     assert config.sim_costs.decode_base_s == 0.5 and config.sim_costs.prefill_per_token_s > 0
     assert config.served_model_name == "m"

@@ -70,7 +70,9 @@ def test_engine_greedy_matches_transformers_cold_warm_chunked_and_preempted(
     block_size, num_blocks = 4, 24
     runner = TorchModelRunner(MODEL, block_size=block_size, num_blocks=num_blocks)
     scheduler = Scheduler(BlockManager(num_blocks, block_size, MODEL), max_num_seqs=8, max_num_batched_tokens=8)
-    engine = LLMEngine(runner, scheduler, tokenizer.tokenizer, EngineMetrics(MODEL, block_size, num_blocks), check_invariants=True)
+    engine = LLMEngine(
+        runner, scheduler, tokenizer.tokenizer, EngineMetrics(MODEL, block_size, num_blocks), check_invariants=True
+    )
 
     async def concurrent_then_repeated() -> tuple[list[tuple[list[int], int]], list[tuple[list[int], int]]]:
         engine.start(asyncio.get_running_loop())
@@ -91,7 +93,9 @@ def test_engine_greedy_matches_transformers_cold_warm_chunked_and_preempted(
 
 @pytest.fixture(scope="module")
 def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    process = start_engine(tmp_path_factory.mktemp("real"), "--num-blocks", "256", "--max-model-len", "2048", "--check-invariants")
+    process = start_engine(
+        tmp_path_factory.mktemp("real"), "--num-blocks", "256", "--max-model-len", "2048", "--check-invariants"
+    )
     yield process
     process.stop()
 
@@ -102,8 +106,16 @@ def test_real_model_answers_through_the_server(real_engine: ManagedProcess, tmp_
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
     assert "Paris" in first.choices[0].message.content
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == first.choices[0].message.content
+    assert (
+        "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        == first.choices[0].message.content
+    )
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 32

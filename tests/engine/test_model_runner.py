@@ -55,7 +55,7 @@ def test_warm_prefix_blocks_reused_match_transformers(runner, prompts, expected)
     free = list(range(runner.num_blocks))
     cold = generate(runner, prompts, MAX_TOKENS, free_blocks=free)
     reuse = []
-    for prompt, table in zip(prompts, cold.block_tables):
+    for prompt, table in zip(prompts, cold.block_tables, strict=False):
         full_blocks = (len(prompt) - 1) // BLOCK_SIZE
         assert full_blocks > 0
         reuse.append((table[:full_blocks], full_blocks * BLOCK_SIZE))
@@ -73,26 +73,28 @@ def test_fp8_kv_cache_stays_close_to_float32(runner, prompts, expected) -> None:
     fp8_runner = TorchModelRunner(MODEL, block_size=BLOCK_SIZE, num_blocks=runner.num_blocks, kv_cache_dtype="fp8")
     fp8 = generate(fp8_runner, prompts, 8)
     exact = generate(runner, prompts, 8)
-    assert sum(out[:4] == ref[:4] for out, ref in zip(fp8.outputs, expected)) >= len(prompts) - 2
+    assert sum(out[:4] == ref[:4] for out, ref in zip(fp8.outputs, expected, strict=False)) >= len(prompts) - 2
     table = torch.tensor(exact.block_tables[0])
     assert fp8.block_tables[0] == exact.block_tables[0]
     with torch.inference_mode():
         for layer in range(fp8_runner.model.num_layers):
-            for reference, quantized in zip(runner.kv_cache.read(layer, table), fp8_runner.kv_cache.read(layer, table)):
+            for reference, quantized in zip(
+                runner.kv_cache.read(layer, table), fp8_runner.kv_cache.read(layer, table), strict=False
+            ):
                 assert (quantized - reference).norm() <= 0.1 * reference.norm()
 
 
 def test_bfloat16_runs_and_mostly_agrees(prompts, expected) -> None:
     bf16_runner = TorchModelRunner(MODEL, block_size=BLOCK_SIZE, num_blocks=512, dtype="bfloat16")
     result = generate(bf16_runner, prompts, 2)
-    agreeing = sum(out[0] == ref[0] for out, ref in zip(result.outputs, expected))
+    agreeing = sum(out[0] == ref[0] for out, ref in zip(result.outputs, expected, strict=False))
     assert agreeing >= len(prompts) - 2
 
 
 def test_seeded_sampling_repeats_when_a_sequence_is_recomputed(runner, prompts) -> None:
     sampling = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234)
     first = generate(runner, prompts[:3], 8, sampling=sampling)
-    for prompt, output in zip(prompts[:3], first.outputs):
+    for prompt, output in zip(prompts[:3], first.outputs, strict=False):
         recomputed = prompt + output[:5]
         table = list(range(-(-len(recomputed) // BLOCK_SIZE)))
         chunk = SeqChunk(0, recomputed, 0, table, True, sampling, num_generated=5)

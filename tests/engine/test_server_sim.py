@@ -99,7 +99,12 @@ def test_streaming_chat_matches_non_streaming(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     chunks = list(
         client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+            model=MODEL,
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
@@ -137,7 +142,9 @@ def test_cache_salt_isolates_tenants(client: openai.OpenAI) -> None:
     assert same.usage.prompt_tokens_details.cached_tokens == 192
 
 
-def test_kv_events_decode_to_the_blocks_the_engine_holds(engine: ManagedProcess, client: openai.OpenAI, events_endpoint: str) -> None:
+def test_kv_events_decode_to_the_blocks_the_engine_holds(
+    engine: ManagedProcess, client: openai.OpenAI, events_endpoint: str
+) -> None:
     context = zmq.Context.instance()
     subscriber = context.socket(zmq.SUB)
     subscriber.setsockopt(zmq.SUBSCRIBE, b"")
@@ -184,7 +191,9 @@ def _apply(events: list, held: set[bytes]) -> bool:
 
 def test_mid_stream_disconnect_aborts_and_frees_everything(engine: ManagedProcess) -> None:
     body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": 2000, "stream": True}).encode()
-    request = urllib.request.Request(f"{engine.url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{engine.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     response = urllib.request.urlopen(request, timeout=10)
     lines = [response.readline() for _ in range(6)]
     assert lines[0].startswith(b"data: ")

@@ -27,7 +27,9 @@ async def hang_up_after_first_events(session: aiohttp.ClientSession, url: str, i
     return events
 
 
-async def wait_until_idle(session: aiohttp.ClientSession, gateway_url: str, engine_url: str, deadline_s: float) -> tuple:
+async def wait_until_idle(
+    session: aiohttp.ClientSession, gateway_url: str, engine_url: str, deadline_s: float
+) -> tuple:
     deadline = time.monotonic() + deadline_s
     while True:
         status = await get_json(session, f"{gateway_url}/admin/backends")
@@ -41,19 +43,21 @@ async def wait_until_idle(session: aiohttp.ClientSession, gateway_url: str, engi
 
 @pytest.mark.slow
 async def test_disconnecting_clients_free_everything(tmp_path: Path) -> None:
-    with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
-        with gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway:
-            connector = aiohttp.TCPConnector(limit=0)
-            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-                url = f"{gateway.url}/v1/chat/completions"
-                read = await asyncio.gather(*(hang_up_after_first_events(session, url, i) for i in range(CLIENTS)))
-                assert all(events == 3 for events in read)
-                status, stats = await wait_until_idle(session, gateway.url, engines[0].url, deadline_s=20)
-            assert [backend["in_flight"] for backend in status["backends"]] == [0]
-            assert [backend["kv_reserved_blocks"] for backend in status["backends"]] == [0]
-            assert status["tenants_in_flight"] == {"anonymous": 0} and status["queued"] == {}
-            assert stats["running"] == 0 and stats["waiting"] == 0
-            assert stats["free_blocks"] == stats["num_blocks"]
+    with (
+        running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines,
+        gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway,
+    ):
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+            url = f"{gateway.url}/v1/chat/completions"
+            read = await asyncio.gather(*(hang_up_after_first_events(session, url, i) for i in range(CLIENTS)))
+            assert all(events == 3 for events in read)
+            status, stats = await wait_until_idle(session, gateway.url, engines[0].url, deadline_s=20)
+        assert [backend["in_flight"] for backend in status["backends"]] == [0]
+        assert [backend["kv_reserved_blocks"] for backend in status["backends"]] == [0]
+        assert status["tenants_in_flight"] == {"anonymous": 0} and status["queued"] == {}
+        assert stats["running"] == 0 and stats["waiting"] == 0
+        assert stats["free_blocks"] == stats["num_blocks"]
 
 
 async def test_queued_clients_that_hang_up_leave_the_queue_at_once(tmp_path: Path) -> None:
@@ -63,10 +67,15 @@ async def test_queued_clients_that_hang_up_leave_the_queue_at_once(tmp_path: Pat
         with gateway_for(tmp_path, config) as gateway:
             url = f"{gateway.url}/v1/chat/completions"
             async with aiohttp.ClientSession() as session:
-                holders = [asyncio.create_task(stream(session, url, chat(f"hold {i}", 100, ignore_eos=True))) for i in range(2)]
+                holders = [
+                    asyncio.create_task(stream(session, url, chat(f"hold {i}", 100, ignore_eos=True))) for i in range(2)
+                ]
                 await asyncio.sleep(0.3)
                 impatient = aiohttp.ClientTimeout(total=0.5)
-                queued = [asyncio.create_task(session.post(url, json=chat(f"queued {i}"), timeout=impatient)) for i in range(20)]
+                queued = [
+                    asyncio.create_task(session.post(url, json=chat(f"queued {i}"), timeout=impatient))
+                    for i in range(20)
+                ]
                 await asyncio.sleep(0.3)
                 assert (await get_json(session, f"{gateway.url}/admin/backends"))["queued"] == {"anonymous": 20}
                 gone = await asyncio.gather(*queued, return_exceptions=True)

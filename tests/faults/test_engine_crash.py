@@ -7,7 +7,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.gateway_cluster import SLOW_SIM, chat, gateway_config, gateway_for, get_json, post, running, start_engines, stream
+from tests.gateway_cluster import (
+    SLOW_SIM,
+    chat,
+    gateway_config,
+    gateway_for,
+    get_json,
+    post,
+    running,
+    start_engines,
+    stream,
+)
 from tests.procs import ManagedProcess, free_port, kvgate_cmd, start
 
 HEALTH_INTERVAL_S = 0.5

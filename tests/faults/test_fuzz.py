@@ -16,9 +16,26 @@ from tests.procs import ManagedProcess, free_port, http
 
 PATHS = ["/v1/chat/completions", "/v1/completions"]
 FIELDS = [
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
-    "stream_options", "tools", "tool_choice", "cache_salt", "user", "stop", "seed", "logprobs", "response_format",
-    "ignore_eos", "unknown_field",
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "cache_salt",
+    "user",
+    "stop",
+    "seed",
+    "logprobs",
+    "response_format",
+    "ignore_eos",
+    "unknown_field",
 ]
 MESSAGE_FIELDS = ["role", "content", "name", "tool_calls"]
 EXAMPLES = 1200

@@ -72,7 +72,10 @@ async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path
                 write_config(config_path, {**swapped, "limits": {"max_tokens": "many"}, "surprise": 1})
                 status, body = await reload(session, gateway)
                 assert status == 400 and body["error"]["code"] == "invalid_config"
-                assert "limits.max_tokens" in body["error"]["message"] and "surprise: unknown key" in body["error"]["message"]
+                assert (
+                    "limits.max_tokens" in body["error"]["message"]
+                    and "surprise: unknown key" in body["error"]["message"]
+                )
 
                 status, _, body = await post(session, url, chat("over the new limit", 40))
                 assert status == 400 and body["error"]["code"] == "max_tokens_too_large"
@@ -92,9 +95,11 @@ async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path
                     status, headers, _ = await post(session, url, chat(f"after drain {index}"))
                     assert status == 200 and headers["x-kvgate-backend"] == "e0"
 
-                write_config(config_path, gateway_config(config["listen"]["port"], [engines[0]]) | {
-                    "backends": [{"name": "gone", "url": f"http://127.0.0.1:{free_port()}"}]
-                })
+                write_config(
+                    config_path,
+                    gateway_config(config["listen"]["port"], [engines[0]])
+                    | {"backends": [{"name": "gone", "url": f"http://127.0.0.1:{free_port()}"}]},
+                )
                 assert (await reload(session, gateway))[0] == 200
                 status, _, body = await post(session, url, chat("anyone there?"))
                 assert status == 503 and body["error"]["code"] == "service_unavailable"
@@ -104,14 +109,16 @@ async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path
 
 
 async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
-    with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
-        with gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway:
-            async with aiohttp.ClientSession() as session:
-                url = f"{gateway.url}/v1/chat/completions"
-                in_flight = asyncio.create_task(stream(session, url, chat("a long answer", 60, ignore_eos=True)))
-                await asyncio.sleep(0.3)
-                gateway.proc.send_signal(signal.SIGTERM)
-                status, events = await asyncio.wait_for(in_flight, 30)
-            assert status == 200 and events[-1] == b"[DONE]"
-            assert len([event for event in events if isinstance(event, dict) and event.get("choices")]) >= 60
-            assert await asyncio.to_thread(gateway.proc.wait, 30) == 0
+    with (
+        running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines,
+        gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway,
+    ):
+        async with aiohttp.ClientSession() as session:
+            url = f"{gateway.url}/v1/chat/completions"
+            in_flight = asyncio.create_task(stream(session, url, chat("a long answer", 60, ignore_eos=True)))
+            await asyncio.sleep(0.3)
+            gateway.proc.send_signal(signal.SIGTERM)
+            status, events = await asyncio.wait_for(in_flight, 30)
+        assert status == 200 and events[-1] == b"[DONE]"
+        assert len([event for event in events if isinstance(event, dict) and event.get("choices")]) >= 60
+        assert await asyncio.to_thread(gateway.proc.wait, 30) == 0

@@ -16,7 +16,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     tmp_path = tmp_path_factory.mktemp("real-model")
-    engines = [start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048", name=f"engine-{i}") for i in range(2)]
+    engines = [
+        start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048", name=f"engine-{i}") for i in range(2)
+    ]
     port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -39,9 +41,7 @@ def client(deployment: ManagedProcess) -> openai.OpenAI:
 
 
 def test_chat_answers_through_gateway_with_routing_headers(client: openai.OpenAI) -> None:
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=QUESTION, max_tokens=16, temperature=0
-    )
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=0)
     completion = raw.parse()
     assert "Paris" in completion.choices[0].message.content
     assert raw.headers["x-kvgate-backend"] in {"engine-0", "engine-1"}
@@ -102,12 +102,18 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
         (b'{"model": "smollm2-135m"}', 400, "messages"),
         (b'{"model": "smollm2-135m", "messages": "hello"}', 400, "messages"),
         (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": 5}]}', 400, "messages.0.content"),
-        (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', 400, "max_tokens"),
+        (
+            b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}',
+            400,
+            "max_tokens",
+        ),
         (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
         (b"[1, 2]", 400, None),
     ],
 )
-def test_bad_chat_input_gets_openai_error(deployment: ManagedProcess, body: bytes, status: int, param: str | None) -> None:
+def test_bad_chat_input_gets_openai_error(
+    deployment: ManagedProcess, body: bytes, status: int, param: str | None
+) -> None:
     response = http("POST", f"{deployment.url}/v1/chat/completions", body)
     assert response.status == status
     error = response.json()["error"]

@@ -32,7 +32,10 @@ def _wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
 
 def _start_up(tmp_path: Path) -> tuple[ManagedProcess, list[int]]:
     port = free_port()
-    engines = [{"name": f"sim-{i}", "port": free_port(), "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"]} for i in range(2)]
+    engines = [
+        {"name": f"sim-{i}", "port": free_port(), "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"]}
+        for i in range(2)
+    ]
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump({"listen": {"port": port}, "engines": engines}))
     up = start(kvgate_cmd("up", "-c", str(config_path)), port, tmp_path / "up.log")

@@ -82,9 +82,17 @@ async def open_page(tmp_path: Path, width: int = 1366, height: int = 900) -> Asy
     port = free_port()
     browser: ManagedProcess = start(
         [
-            binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-            f"--remote-debugging-port={port}", "--remote-debugging-address=127.0.0.1",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},{height}", "about:blank",
+            binary,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--remote-debugging-port={port}",
+            "--remote-debugging-address=127.0.0.1",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            f"--window-size={width},{height}",
+            "about:blank",
         ],
         port,
         tmp_path / "chromium.log",

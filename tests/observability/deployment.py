@@ -36,7 +36,14 @@ def deployment(tmp_path: Path, replicas: int = 2, extra_config: dict | None = No
         for index in range(replicas):
             events = f"tcp://127.0.0.1:{free_port()}"
             engine = start_engine(
-                tmp_path, "--sim", "--block-size", "16", "--num-blocks", "1024", "--kv-events", events,
+                tmp_path,
+                "--sim",
+                "--block-size",
+                "16",
+                "--num-blocks",
+                "1024",
+                "--kv-events",
+                events,
                 name=f"engine-{index}",
             )
             engines.append(engine)

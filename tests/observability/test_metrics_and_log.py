@@ -23,8 +23,17 @@ def samples(metrics: GatewayMetrics) -> dict[tuple[str, frozenset], float]:
 
 def served(backend: str, tenant: str, prompt: int, cached: int | None, **fields: object) -> RequestRecord:
     return RequestRecord(
-        request_id="r", model="m", tenant=tenant, backend=backend, reason="prefix-hit", prompt_tokens=prompt,
-        predicted_cached_tokens=prompt // 2, cached_tokens=cached, completion_tokens=5, ttft_s=0.05, e2e_s=0.45,
+        request_id="r",
+        model="m",
+        tenant=tenant,
+        backend=backend,
+        reason="prefix-hit",
+        prompt_tokens=prompt,
+        predicted_cached_tokens=prompt // 2,
+        cached_tokens=cached,
+        completion_tokens=5,
+        ttft_s=0.05,
+        e2e_s=0.45,
         **fields,
     )
 

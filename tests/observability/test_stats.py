@@ -8,8 +8,16 @@ def served(
     at: float, backend: str, prompt: int, cached: int, predicted: int, ttft: float, **fields: object
 ) -> RequestRecord:
     return RequestRecord(
-        request_id="r", model="m", backend=backend, reason="prefix-hit", prompt_tokens=prompt,
-        cached_tokens=cached, predicted_cached_tokens=predicted, ttft_s=ttft, finished_at=at, **fields,
+        request_id="r",
+        model="m",
+        backend=backend,
+        reason="prefix-hit",
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        predicted_cached_tokens=predicted,
+        ttft_s=ttft,
+        finished_at=at,
+        **fields,
     )
 
 

@@ -25,7 +25,12 @@ def test_bundled_gguf_agrees_with_the_smollm2_preset() -> None:
     from_gguf = arch_from_source(resolve_model("smollm2-135m"))
     preset = load_arch("smollm2-135m")
     assert from_gguf.layer_windows == preset.layer_windows
-    assert (from_gguf.num_layers, from_gguf.num_kv_heads, from_gguf.head_dim, from_gguf.max_context) == (30, 3, 64, 8192)
+    assert (from_gguf.num_layers, from_gguf.num_kv_heads, from_gguf.head_dim, from_gguf.max_context) == (
+        30,
+        3,
+        64,
+        8192,
+    )
     assert from_gguf.param_count == preset.param_count
 
 

@@ -72,7 +72,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.reference = ReferenceIndex(max_blocks)
         self.parent: dict[int, int | None] = {}
         self.now = 0.0
-        for replica, capacity in zip(REPLICAS, capacities):
+        for replica, capacity in zip(REPLICAS, capacities, strict=False):
             self.index.add_replica(replica, capacity)
             self.reference.add(replica, capacity)
 

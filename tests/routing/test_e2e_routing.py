@@ -22,7 +22,21 @@ from tests.procs import ManagedProcess, free_port, http, start_engine
 NUM_BLOCKS = 32
 """512 tokens per replica: a few of the run's prompts fit, so the engines evict."""
 SIM = ("--sim", "--sim-preset", "instant", "--num-blocks", str(NUM_BLOCKS), "--max-model-len", "512")
-WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+]
 
 
 def text(seed: int, words: int) -> str:
@@ -80,7 +94,7 @@ def predicted_gateway(engines: tuple[list[ManagedProcess], list[str]], tmp_path:
 def precise_gateway(engines: tuple[list[ManagedProcess], list[str]], tmp_path: Path) -> Iterator[ManagedProcess]:
     processes, endpoints = engines
     config = gateway_config(free_port(), processes, routing={"policy": "cache_aware"})
-    for backend, endpoint in zip(config["backends"], endpoints):
+    for backend, endpoint in zip(config["backends"], endpoints, strict=False):
         backend["kv_events"] = endpoint
     with gateway_for(tmp_path, config) as gateway:
         time.sleep(0.5)  # the gateway's SUB sockets connect asynchronously (ZMQ's slow joiner)

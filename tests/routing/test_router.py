@@ -37,7 +37,10 @@ def test_calibration_compares_prediction_with_reported_cached_tokens() -> None:
         r.on_routed(req, decision.backend)
         r.on_finished(req, decision.backend, reported, ok=True)
     assert r.stats()["calibration"] == {
-        "count": 2, "exact_fraction": 0.5, "mean_abs_error_tokens": 160.0, "mean_error_tokens": 160.0,
+        "count": 2,
+        "exact_fraction": 0.5,
+        "mean_abs_error_tokens": 160.0,
+        "mean_error_tokens": 160.0,
     }
 
 
