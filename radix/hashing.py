@@ -3,7 +3,9 @@
 A prompt is cut into blocks of ``block_size`` tokens; only full blocks are hashed. Each block's
 hash is a 128-bit xxh3 over its parent's hash and its token ids, so a hash names the whole
 prefix up to and including that block. The root is seeded by the model name and the cache salt,
-so two tenants with isolated caches (different salts) never share a hash.
+so two tenants with isolated caches (different salts) never share a hash. A LoRA adapter name
+seeds the root too, so an adapter's blocks never match the base model's or another adapter's
+(vLLM mixes the adapter into its block hashes the same way).
 """
 
 from array import array
@@ -17,9 +19,11 @@ BlockHash = int
 _HASH_BYTES = 16
 
 
-def root_hash(model: str, cache_salt: str | None = None) -> BlockHash:
+def root_hash(model: str, cache_salt: str | None = None, adapter: str | None = None) -> BlockHash:
     """The parent hash of a prompt's first block."""
     seed_text = f"kvgate-v1\x00{model}\x00{cache_salt or ''}"
+    if adapter:
+        seed_text += f"\x00lora\x00{adapter}"
     return xxhash.xxh3_128_intdigest(seed_text.encode("utf-8"))
 
 
@@ -34,9 +38,10 @@ def block_hashes(
     block_size: int,
     model: str,
     cache_salt: str | None = None,
+    adapter: str | None = None,
 ) -> list[BlockHash]:
     """Chained hashes of every full block of ``token_ids``, first block first."""
-    return extend_block_hashes([], token_ids, block_size, model, cache_salt)
+    return extend_block_hashes([], token_ids, block_size, model, cache_salt, adapter)
 
 
 def extend_block_hashes(
@@ -45,9 +50,10 @@ def extend_block_hashes(
     block_size: int,
     model: str,
     cache_salt: str | None = None,
+    adapter: str | None = None,
 ) -> list[BlockHash]:
     """Append hashes for blocks of ``token_ids`` not yet covered by ``hashes`` (decode growth)."""
-    parent = hashes[-1] if hashes else root_hash(model, cache_salt)
+    parent = hashes[-1] if hashes else root_hash(model, cache_salt, adapter)
     first = len(hashes) * block_size
     full_end = first + (len(token_ids) - first) // block_size * block_size
     if full_end <= first:
