@@ -8,10 +8,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway import handler as endpoints
-from gateway.admission_status import admission_status
+from gateway.admission.status import admission_status
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError
-from gateway.observability_routes import add_routes as add_observability_routes
+from gateway.observability.routes import add_routes as add_observability_routes
 from gateway.reload import CONFIG_PATH, reload_endpoint
 from gateway.state import GATEWAY, Gateway
 

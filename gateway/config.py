@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.admission.config import AdminConfig, LimitsConfig, TenantConfig
-from gateway.observability_config import ObservabilityConfig
+from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
 from normalize.config import NormalizeConfig
 

@@ -16,13 +16,13 @@ import aiohttp
 from aiohttp import web
 
 from gateway.admission.config import LimitsConfig
-from gateway.admission.kv_budget import blocks_needed
+from gateway.admission.kv_blocks import blocks_needed
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
-from gateway.backend_pool import Backend, BackendPool
+from gateway.backends.pool import Backend, BackendPool
+from gateway.backends.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, forward
 from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
-from gateway.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, forward
 from gateway.routing.router import Router
 from gateway.routing.types import RouteDecision, RouteRequest
 

@@ -63,7 +63,7 @@ async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
     SIGHUP reloads ``config_path`` (see gateway/reload.py).
     """
     app = create_app(config, config_path)
-    # No aiohttp access log: gateway/request_log.py writes the one structured line per request.
+    # No aiohttp access log: gateway/observability/request_log.py writes the one structured line per request.
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)

@@ -7,14 +7,14 @@ from aiohttp import web
 
 from gateway.admission.caps import RequestCaps
 from gateway.admission.tenants import TenantRegistry
-from gateway.backend_pool import BackendPool
+from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, KvgateConfig
 from gateway.dispatch import Dispatcher
-from gateway.metrics_live import LiveStateCollector
+from gateway.observability.live_metrics import LiveStateCollector
+from gateway.observability.telemetry import Telemetry
 from gateway.openai_request import Endpoint
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.served_model import ModelRegistry
-from gateway.telemetry import Telemetry
 
 DEFAULT_MAX_TOKENS = {Endpoint.CHAT: 256, Endpoint.COMPLETIONS: 16}
 """What a request without max_tokens is assumed to need (OpenAI's completions default is 16)."""

@@ -1,4 +1,4 @@
-from gateway.circuit_breaker import BreakerState, CircuitBreaker
+from gateway.backends.circuit_breaker import BreakerState, CircuitBreaker
 from gateway.config import HealthConfig
 
 

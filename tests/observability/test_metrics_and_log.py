@@ -6,10 +6,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
-from gateway.observability_config import ObservabilityConfig
-from gateway.request_log import LOGGER_NAME, RequestLog
-from gateway.telemetry_record import RequestRecord
+from gateway.observability.config import ObservabilityConfig
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.request_log import LOGGER_NAME, RequestLog
+from gateway.observability.telemetry_record import RequestRecord
 
 
 def samples(metrics: GatewayMetrics) -> dict[tuple[str, frozenset], float]:

@@ -4,7 +4,13 @@ import random
 
 import numpy as np
 
-from gateway.prefix_breakers import MIN_LOST_TOKENS, NO_TEXT_PREVIEW, PrefixBreakers, find_breaker, redacted_preview
+from gateway.observability.prefix_breakers import (
+    MIN_LOST_TOKENS,
+    NO_TEXT_PREVIEW,
+    PrefixBreakers,
+    find_breaker,
+    redacted_preview,
+)
 
 
 def tokens(*parts: list[int]) -> list[int]:

@@ -1,7 +1,7 @@
 """Dashboard statistics: token-weighted hit rates, gap-filled series, bounded window."""
 
-from gateway.stats import TTFT_SAMPLES_PER_BUCKET, StatsWindow
-from gateway.telemetry_record import RequestRecord
+from gateway.observability.rolling_stats import TTFT_SAMPLES_PER_BUCKET, StatsWindow
+from gateway.observability.telemetry_record import RequestRecord
 
 
 def served(

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gateway.admission.kv_budget import fits
-from gateway.circuit_breaker import CircuitBreaker
+from gateway.admission.kv_blocks import fits
+from gateway.backends.circuit_breaker import CircuitBreaker
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.types import ReplicaState
 

@@ -2,9 +2,9 @@
 
 import time
 
-from gateway.backend_pool import Backend
+from gateway.backends.pool import Backend
+from gateway.observability.rolling_stats import Tally
 from gateway.state import Gateway
-from gateway.stats import Tally
 
 
 def dashboard_stats(gateway: Gateway) -> dict:

@@ -4,14 +4,14 @@ import time
 
 from gateway.dispatch import Dispatched
 from gateway.errors import OpenAIError
-from gateway.metrics import GatewayMetrics
-from gateway.observability_config import ObservabilityConfig
-from gateway.prefix_breakers import PrefixBreakers
-from gateway.request_log import RequestLog
+from gateway.observability.config import ObservabilityConfig
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.prefix_breakers import PrefixBreakers
+from gateway.observability.request_log import RequestLog
+from gateway.observability.rolling_stats import StatsWindow
+from gateway.observability.telemetry_record import UNAUTHENTICATED, RequestRecord
 from gateway.routing.types import RouteRequest
 from gateway.served_model import ServedModel
-from gateway.stats import StatsWindow
-from gateway.telemetry_record import UNAUTHENTICATED, RequestRecord
 from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
 

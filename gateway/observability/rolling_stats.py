@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gateway.telemetry_record import RequestRecord
+from gateway.observability.telemetry_record import RequestRecord
 
 TTFT_SAMPLES_PER_BUCKET = 1024
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.observability_config import ObservabilityConfig
+from gateway.observability.config import ObservabilityConfig
 
 LOGGER_NAME = "kvgate.requests"
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.admission.auth import require_admin
-from gateway.dashboard_stats import dashboard_stats
+from gateway.observability.dashboard_stats import dashboard_stats
 from gateway.state import GATEWAY
 
 STATIC_DIR = Path(__file__).parent / "dashboard" / "static"

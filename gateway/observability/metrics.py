@@ -3,13 +3,13 @@
 Token counters share their labels so a hit rate is one PromQL ratio, e.g.
 ``sum by (backend) (rate(kvgate_cached_tokens_total[5m])) / sum by (backend) (rate(kvgate_prompt_tokens_total[5m]))``.
 Gauges of the gateway's live state (in-flight, health, queue, prefix index) are read at scrape
-time by ``gateway.metrics_live.LiveStateCollector``.
+time by ``gateway.observability.live_metrics.LiveStateCollector``.
 """
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
-from gateway.telemetry_record import RequestRecord
+from gateway.observability.telemetry_record import RequestRecord
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)

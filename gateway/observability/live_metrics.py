@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.circuit_breaker import BreakerState
+from gateway.backends.circuit_breaker import BreakerState
 from radix.kv_event_subscriber import KVEventSubscriber
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""What the gateway shows about itself: Prometheus metrics, the dashboard, request logs, prefix breakers."""
