@@ -6,8 +6,10 @@ from pathlib import Path
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from pydantic import SecretStr
 
 from gateway import handler as endpoints
+from gateway.admission.auth import admin_only
 from gateway.admission.status import admission_status
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError
@@ -37,6 +39,18 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error").response()
 
 
+def admin_app() -> web.Application:
+    """/admin/*: one sub-app behind one admin-auth middleware."""
+    admin = web.Application(middlewares=[admin_only(_admin_key)])
+    admin.router.add_post("/reload", reload_endpoint)
+    admin.router.add_get("/backends", admission_status)
+    return admin
+
+
+def _admin_key(request: web.Request) -> SecretStr | None:
+    return request.config_dict[GATEWAY].config.admin.api_key
+
+
 def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.Application:
     """The app; ``config_path`` is the file that `POST /admin/reload` and SIGHUP re-read."""
     app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
@@ -46,8 +60,7 @@ def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.App
     app.router.add_post("/v1/completions", endpoints.completions)
     app.router.add_get("/v1/models", endpoints.list_models)
     app.router.add_get("/health", endpoints.health)
-    app.router.add_post("/admin/reload", reload_endpoint)
-    app.router.add_get("/admin/backends", admission_status)
+    app.add_subapp("/admin", admin_app())
     add_observability_routes(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

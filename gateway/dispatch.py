@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from gateway.admission.config import LimitsConfig
 from gateway.admission.kv_blocks import blocks_needed
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
@@ -68,24 +67,17 @@ class Dispatcher:
         pool: BackendPool,
         router: Router,
         session: aiohttp.ClientSession,
+        queue: AdmissionQueue,
         timeouts: TimeoutsConfig,
-        limits: LimitsConfig,
         block_size: int,
     ) -> None:
         self.pool = pool
         self.router = router
         self.session = session
+        self.queue = queue
         self.timeouts = timeouts
         self.block_size = block_size
-        self.queue = AdmissionQueue(limits.max_queue, limits.queue_timeout_s)
         pool.on_change(self.queue.notify)
-
-    def configure(self, timeouts: TimeoutsConfig, limits: LimitsConfig) -> None:
-        """Adopt reloaded timeouts and queue limits; waiting requests keep their place."""
-        self.timeouts = timeouts
-        self.queue.max_queue = limits.max_queue
-        self.queue.timeout_s = limits.queue_timeout_s
-        self.queue.notify()
 
     async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
         with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:

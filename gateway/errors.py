@@ -51,7 +51,3 @@ def service_unavailable(message: str, retry_after_s: int | None = None) -> OpenA
 
 def too_many_requests(message: str, retry_after_s: int, code: str = "rate_limit_exceeded") -> OpenAIError:
     return OpenAIError(429, message, type_="rate_limit_error", code=code, headers={"Retry-After": str(retry_after_s)})
-
-
-def upstream_error(message: str) -> OpenAIError:
-    return OpenAIError(502, message, type_="upstream_error", code="bad_gateway")

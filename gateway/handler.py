@@ -1,4 +1,4 @@
-"""The request path of the gateway, top to bottom as DESIGN.md draws it."""
+"""The request path of the gateway, top to bottom as the README's "What runs where" draws it."""
 
 import time
 import uuid

@@ -1,20 +1,30 @@
-"""The gateway's long-lived parts, built from the config and shared by every request."""
+"""The composition root: the gateway's long-lived parts, built from the config and shared by every request.
 
+Only the app factory and the request handlers import this module; every other part is handed
+the parts it reads. ``Gateway.build`` makes the parts and ``Gateway.apply`` swaps a reloaded
+config into them, so what a reload changes is decided in one place beside what a start builds.
+"""
+
+import asyncio
+import logging
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from gateway.admission.caps import RequestCaps
+from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import TenantRegistry
 from gateway.backends.pool import BackendPool
-from gateway.config import BackendSpec, KvgateConfig
+from gateway.config import BackendSpec, ConfigError, KvgateConfig
 from gateway.dispatch import Dispatcher
 from gateway.observability.live_metrics import LiveStateCollector
 from gateway.observability.telemetry import Telemetry
 from gateway.openai_request import Endpoint
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.served_model import ModelRegistry
+
+log = logging.getLogger("kvgate.gateway")
 
 DEFAULT_MAX_TOKENS = {Endpoint.CHAT: 256, Endpoint.COMPLETIONS: 16}
 """What a request without max_tokens is assumed to need (OpenAI's completions default is 16)."""
@@ -27,6 +37,7 @@ class Gateway:
     pool: BackendPool
     router: Router
     session: aiohttp.ClientSession
+    queue: AdmissionQueue
     dispatcher: Dispatcher
     tenants: TenantRegistry
     limits: RequestCaps
@@ -38,16 +49,49 @@ class Gateway:
         pool = BackendPool.from_specs(backend_specs(config), config.health)
         router = Router(config.routing, config.block_size, replica_specs(config))
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        dispatcher = Dispatcher(pool, router, session, config.timeouts, config.limits, config.block_size)
+        queue = AdmissionQueue(config.limits.max_queue, config.limits.queue_timeout_s)
+        dispatcher = Dispatcher(pool, router, session, queue, config.timeouts, config.block_size)
         limits = RequestCaps(config.limits, pool.context_length)
         telemetry = Telemetry(config.observability, config.block_size)
-        return cls(config, models, pool, router, session, dispatcher, TenantRegistry(config.tenants), limits, telemetry)
+        tenants = TenantRegistry(config.tenants)
+        return cls(config, models, pool, router, session, queue, dispatcher, tenants, limits, telemetry)
+
+    async def apply(self, config: KvgateConfig, source: str) -> None:
+        """Swap a reloaded config in; ConfigError (naming ``source``) leaves everything as it was.
+
+        New backends are added and removed ones drain; policies, limits, tenants and timeouts
+        apply to the requests that arrive next. Tenants keep their in-flight counts and token
+        budgets. block_size cannot change live; a listen change waits for the next restart.
+        """
+        if config.block_size != self.config.block_size:
+            raise ConfigError(f"invalid config {source}: block_size cannot change without a restart")
+        if config.listen != self.config.listen:
+            log.warning("listen changes in %s take effect at the next restart", source)
+            config.listen = self.config.listen
+        try:
+            tenants = TenantRegistry(config.tenants, self.tenants)
+        except ValueError as exc:
+            raise ConfigError(f"invalid config {source}: {exc}") from None
+        models = self.models
+        if _model_sources(config) != _model_sources(self.config):
+            models = await asyncio.to_thread(ModelRegistry.from_config, config)
+        try:
+            self.router.update(config.routing, replica_specs(config, self.pool))
+        except ValueError as exc:
+            raise ConfigError(f"invalid config {source}: routing: {exc}") from None
+        self.config = config
+        self.models = models
+        self.tenants = tenants
+        self.limits = RequestCaps(config.limits, self.pool.context_length)
+        self.queue.configure(config.limits.max_queue, config.limits.queue_timeout_s)
+        self.dispatcher.timeouts = config.timeouts
+        await self.pool.update(backend_specs(config), config.health, self.session)
 
     def default_max_tokens(self, endpoint: Endpoint) -> int:
         return DEFAULT_MAX_TOKENS[endpoint]
 
     async def start(self) -> None:
-        self.telemetry.metrics.register(LiveStateCollector(self))
+        self.telemetry.metrics.register(LiveStateCollector(self.pool, self.router, self.queue))
         self.pool.on_change(self.sync_router_capacity)
         await self.router.start()
         await self.pool.start(self.session)
@@ -81,6 +125,12 @@ def replica_specs(config: KvgateConfig, pool: BackendPool | None = None) -> list
         )
         for backend in config.backends
     ]
+
+
+def _model_sources(config: KvgateConfig) -> tuple:
+    """What the model registry is built from."""
+    backends = tuple((backend.model, backend.tokenizer) for backend in config.backends)
+    return config.model, config.tokenizer, config.normalize, backends
 
 
 def _reported_capacity(pool: BackendPool | None, name: str) -> int | None:

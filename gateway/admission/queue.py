@@ -34,6 +34,12 @@ class AdmissionQueue:
     def __len__(self) -> int:
         return self._size
 
+    def configure(self, max_queue: int, timeout_s: float) -> None:
+        """Adopt reloaded limits; waiting requests keep their place."""
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.notify()
+
     def waiting_by_tenant(self) -> dict[str, int]:
         return {tenant: len(line) for tenant, line in self._lines.items()}
 

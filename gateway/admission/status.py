@@ -3,13 +3,11 @@
 import orjson
 from aiohttp import web
 
-from gateway.admission.auth import require_admin
 from gateway.state import GATEWAY
 
 
 async def admission_status(request: web.Request) -> web.Response:
-    require_admin(request)
-    gateway = request.app[GATEWAY]
+    gateway = request.config_dict[GATEWAY]
     backends = [
         {
             "name": backend.name,
@@ -27,7 +25,7 @@ async def admission_status(request: web.Request) -> web.Response:
     tenants = [gateway.tenants.anonymous, *gateway.tenants.by_name.values()]
     body = {
         "backends": backends,
-        "queued": gateway.dispatcher.queue.waiting_by_tenant(),
+        "queued": gateway.queue.waiting_by_tenant(),
         "tenants_in_flight": {tenant.name: tenant.usage.in_flight for tenant in tenants},
     }
     return web.Response(body=orjson.dumps(body), content_type="application/json")

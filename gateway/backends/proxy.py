@@ -28,7 +28,6 @@ class UpstreamFailed(Exception):
 class UpstreamOutcome:
     status: int
     usage: dict | None = None
-    first_token_s: float | None = None
     first_token_at: float | None = None
     """`time.perf_counter()` when the first token (or the whole body) arrived."""
     completed: bool = False
@@ -51,7 +50,6 @@ class ProxyCall:
 
 
 async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
-    started = time.perf_counter()
     body = call.body
     if call.stream:
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
@@ -67,15 +65,13 @@ async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.Str
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
         if upstream.status != 200 or not call.stream:
-            return await _relay_whole(call, upstream, started)
-        return await _relay_stream(call, upstream, client_request, started)
+            return await _relay_whole(call, upstream)
+        return await _relay_stream(call, upstream, client_request)
     finally:
         upstream.release()
 
 
-async def _relay_whole(
-    call: ProxyCall, upstream: aiohttp.ClientResponse, started: float
-) -> tuple[web.StreamResponse, UpstreamOutcome]:
+async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tuple[web.StreamResponse, UpstreamOutcome]:
     try:
         data = await asyncio.wait_for(upstream.read(), call.timeouts.first_token_s)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -83,7 +79,7 @@ async def _relay_whole(
     if upstream.status >= 500:
         raise UpstreamFailed(f"backend answered {upstream.status}")
     arrived = time.perf_counter()
-    outcome = UpstreamOutcome(status=upstream.status, first_token_s=arrived - started, first_token_at=arrived)
+    outcome = UpstreamOutcome(status=upstream.status, first_token_at=arrived)
     if upstream.status == 200:
         outcome.completed = True
         outcome.usage = _usage_of(data)
@@ -97,7 +93,7 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    call: ProxyCall, upstream: aiohttp.ClientResponse, client_request: web.Request, started: float
+    call: ProxyCall, upstream: aiohttp.ClientResponse, client_request: web.Request
 ) -> tuple[web.StreamResponse, UpstreamOutcome]:
     outcome = UpstreamOutcome(status=200)
     events = _sse_events(upstream.content, call.timeouts)
@@ -107,7 +103,6 @@ async def _relay_stream(
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
     outcome.first_token_at = time.perf_counter()
     call.on_first_token()
-    outcome.first_token_s = outcome.first_token_at - started
     response = web.StreamResponse(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

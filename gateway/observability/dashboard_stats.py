@@ -2,17 +2,19 @@
 
 import time
 
-from gateway.backends.pool import Backend
+from gateway.admission.queue import AdmissionQueue
+from gateway.backends.pool import Backend, BackendPool
 from gateway.observability.rolling_stats import Tally
-from gateway.state import Gateway
+from gateway.observability.telemetry import Telemetry
+from gateway.routing.router import Router
 
 
-def dashboard_stats(gateway: Gateway) -> dict:
-    stats = gateway.telemetry.stats
-    backends = gateway.pool.backends.values()
+def dashboard_stats(telemetry: Telemetry, pool: BackendPool, queue: AdmissionQueue, router: Router) -> dict:
+    stats = telemetry.stats
+    backends = pool.backends.values()
     replicas = [_replica(backend, stats.by_backend.get(backend.name) or Tally()) for backend in backends]
     saved_gpu_s = [replica["saved_gpu_s"] for replica in replicas if replica["saved_gpu_s"] is not None]
-    waiting = gateway.dispatcher.queue.waiting_by_tenant()
+    waiting = queue.waiting_by_tenant()
     return {
         "generated_at": time.time(),
         "bucket_s": stats.bucket_s,
@@ -29,8 +31,8 @@ def dashboard_stats(gateway: Gateway) -> dict:
             {"tenant": name, **tally.summary(), "queued": waiting.get(name, 0)}
             for name, tally in sorted(stats.by_tenant.items())
         ],
-        "prefix_breakers": gateway.telemetry.breakers.table(),
-        "prefix_index": gateway.router.stats(),
+        "prefix_breakers": telemetry.breakers.table(),
+        "prefix_index": router.stats(),
     }
 
 

@@ -1,16 +1,15 @@
 """Gauges of the gateway's live state, read at scrape time: replicas, queue, prefix index, KV events."""
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.admission.queue import AdmissionQueue
 from gateway.backends.circuit_breaker import BreakerState
+from gateway.backends.pool import BackendPool
+from gateway.routing.router import Router
 from radix.kv_event_subscriber import KVEventSubscriber
-
-if TYPE_CHECKING:
-    from gateway.state import Gateway
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -22,10 +21,12 @@ def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
 
 
 class LiveStateCollector(Collector):
-    """Reads the gateway's parts on each scrape, so reloaded parts are always the ones reported."""
+    """Reads the parts on each scrape; a reload updates these parts in place, so they stay current."""
 
-    def __init__(self, gateway: "Gateway") -> None:
-        self.gateway = gateway
+    def __init__(self, pool: BackendPool, router: Router, queue: AdmissionQueue) -> None:
+        self.pool = pool
+        self.router = router
+        self.queue = queue
 
     def collect(self) -> Iterator[Metric]:
         yield from self._backends()
@@ -40,7 +41,7 @@ class LiveStateCollector(Collector):
         kv_reserved = _gauge("kvgate_backend_kv_reserved_blocks", "KV blocks reserved by admitted requests.", "backend")
         healthy = _gauge("kvgate_backend_healthy", "1 when a backend passes its health checks.", "backend")
         circuit = _gauge("kvgate_backend_circuit_state", "1 for the circuit state a backend is in.", "backend", "state")
-        for backend in list(self.gateway.pool.backends.values()):
+        for backend in list(self.pool.backends.values()):
             in_flight.add_metric([backend.name], backend.in_flight)
             prefill.add_metric([backend.name], backend.in_flight_prefill_tokens)
             kv_reserved.add_metric([backend.name], backend.kv_reserved_blocks)
@@ -52,12 +53,12 @@ class LiveStateCollector(Collector):
 
     def _queue(self) -> Iterator[Metric]:
         depth = _gauge("kvgate_queue_depth", "Requests waiting in the admission queue.", "tenant")
-        for tenant, waiting in self.gateway.dispatcher.queue.waiting_by_tenant().items():
+        for tenant, waiting in self.queue.waiting_by_tenant().items():
             depth.add_metric([tenant], waiting)
         yield depth
 
     def _router(self) -> Iterator[Metric]:
-        router = self.gateway.router
+        router = self.router
         stats = router.stats()
         index, calibration = stats["index"], stats["calibration"]
         yield GaugeMetricFamily("kvgate_prefix_index_blocks", "Distinct blocks in the prefix index.", index["blocks"])

@@ -1,6 +1,6 @@
 """HTTP endpoints for operators: /metrics (Prometheus), /dashboard and its stats JSON.
 
-/metrics and the stats JSON are admin endpoints (`require_admin`): with `admin.api_key` set they
+/metrics and the stats JSON are operator endpoints (`require_admin`): with `admin.api_key` set they
 need it as a Bearer key, without one they answer loopback clients only. The dashboard's page and
 static files are public (they hold no data); the page asks for the key when its stats call gets a 401.
 """
@@ -19,8 +19,9 @@ STATIC_DIR = Path(__file__).parent / "dashboard" / "static"
 
 
 async def metrics(request: web.Request) -> web.Response:
-    require_admin(request)
-    body = request.app[GATEWAY].telemetry.metrics.exposition()
+    gateway = request.app[GATEWAY]
+    require_admin(request, gateway.config.admin.api_key)
+    body = gateway.telemetry.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -29,8 +30,10 @@ async def dashboard_page(request: web.Request) -> web.FileResponse:
 
 
 async def stats_json(request: web.Request) -> web.Response:
-    require_admin(request)
-    body = orjson.dumps(dashboard_stats(request.app[GATEWAY]), option=orjson.OPT_NON_STR_KEYS)
+    gateway = request.app[GATEWAY]
+    require_admin(request, gateway.config.admin.api_key)
+    stats = dashboard_stats(gateway.telemetry, gateway.pool, gateway.queue, gateway.router)
+    body = orjson.dumps(stats, option=orjson.OPT_NON_STR_KEYS)
     return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
 

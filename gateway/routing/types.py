@@ -41,4 +41,5 @@ class RouteDecision:
     """Why: prefix-hit, load-spill, no-match, session, round-robin, least-loaded, random, retry."""
     predicted_cached_tokens: int
     ranked: list[str]
-    """Every eligible replica, best first (``ranked[0] == backend``); retries walk this list."""
+    """Every eligible replica, best first (``ranked[0] == backend``), for diagnostics; a retry routes
+    again without the replicas that failed, so it sees load and cache as they are by then."""
