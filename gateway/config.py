@@ -7,24 +7,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from gateway.admission.config import AdminConfig, LimitsConfig, TenantConfig
+from gateway.config_section import ConfigSection
 from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
 from normalize.config import NormalizeConfig
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ListenConfig(_Strict):
+class ListenConfig(ConfigSection):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
 
-class EngineSpec(_Strict):
+class EngineSpec(ConfigSection):
     """A bundled engine replica that `kvgate up` starts (`kvgate engine --port PORT ARGS...`)."""
 
     name: str | None = None
@@ -39,7 +36,7 @@ class EngineSpec(_Strict):
     """Further `kvgate engine` flags, verbatim (e.g. ["--sim", "--num-blocks", "2048"])."""
 
 
-class BackendSpec(_Strict):
+class BackendSpec(ConfigSection):
     """A replica the gateway sends requests to: a bundled engine, vLLM or SGLang."""
 
     name: str
@@ -57,7 +54,7 @@ class BackendSpec(_Strict):
     """Send it no new requests and let in-flight ones finish (set it and reload before maintenance)."""
 
 
-class HealthConfig(_Strict):
+class HealthConfig(ConfigSection):
     interval_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
     unhealthy_after: int = Field(2, ge=1)
@@ -68,13 +65,13 @@ class HealthConfig(_Strict):
     """How long an ejected replica rests before one probe request may try it again."""
 
 
-class TimeoutsConfig(_Strict):
+class TimeoutsConfig(ConfigSection):
     connect_s: float = Field(2.0, gt=0)
     first_token_s: float = Field(120.0, gt=0)
     idle_stream_s: float = Field(60.0, gt=0)
 
 
-class KvgateConfig(_Strict):
+class KvgateConfig(ConfigSection):
     listen: ListenConfig = ListenConfig()
     model: str = "smollm2-135m"
     """The model name clients send."""

@@ -24,6 +24,7 @@ from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
 from gateway.routing.router import Router
 from gateway.routing.types import RouteDecision, RouteRequest
+from protocol.usage import cached_tokens, total_tokens
 
 log = logging.getLogger("kvgate.dispatch")
 
@@ -82,7 +83,7 @@ class Dispatcher:
     async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
         with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:
             dispatched = await self._dispatch_with_retries(request, tenant, forwarding)
-            charge.used = _total_tokens(dispatched.outcome) or charge.taken
+            charge.used = total_tokens(dispatched.outcome.usage) or charge.taken
         return dispatched
 
     async def _dispatch_with_retries(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
@@ -149,7 +150,7 @@ class Dispatcher:
             raise
         finally:
             ok = outcome is not None and outcome.completed
-            self.router.on_finished(request, backend.name, _cached_tokens(outcome), ok=ok)
+            self.router.on_finished(request, backend.name, cached_tokens(outcome.usage if outcome else None), ok=ok)
             self.queue.notify()
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()
@@ -164,17 +165,3 @@ def decision_headers(decision: RouteDecision) -> dict[str, str]:
         "x-kvgate-route-reason": decision.reason,
         "x-kvgate-predicted-cached-tokens": str(decision.predicted_cached_tokens),
     }
-
-
-def _cached_tokens(outcome: UpstreamOutcome | None) -> int | None:
-    if outcome is None or not outcome.usage:
-        return None
-    details = outcome.usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens")
-    return cached if isinstance(cached, int) else None
-
-
-def _total_tokens(outcome: UpstreamOutcome) -> int | None:
-    """What the backend reports the request used; None when it did not say (then it counts as all)."""
-    total = (outcome.usage or {}).get("total_tokens")
-    return total if isinstance(total, int) else None

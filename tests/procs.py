@@ -1,13 +1,12 @@
 """Start and stop real kvgate processes on loopback for tests."""
 
 import json
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.processes import REPO, Process, free_port, kvgate_command, launch
+from bench.processes import REPO, Process, free_port, http_ok, kvgate_command, launch, wait_ready
 
 __all__ = ["REPO", "ManagedProcess", "free_port", "http", "kvgate_cmd", "start", "start_engine", "start_gateway"]
 
@@ -32,19 +31,8 @@ def start(
     """Start ``cmd`` in its own process group and wait until GET ready_path answers 200."""
     launched = launch(cmd, port, log_path)
     managed = ManagedProcess(launched.proc, port, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if managed.proc.poll() is not None:
-            raise RuntimeError(f"{cmd} exited with {managed.proc.returncode}:\n{managed.log()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"{managed.url}{ready_path}", timeout=2) as response:
-                if response.status == 200:
-                    return managed
-        except OSError:
-            pass
-        time.sleep(0.2)
-    managed.stop()
-    raise TimeoutError(f"{cmd} not ready after {timeout}s:\n{managed.log()[-4000:]}")
+    wait_ready(managed, lambda: http_ok(f"{managed.url}{ready_path}"), timeout)
+    return managed
 
 
 def start_engine(tmp_path: Path, *flags: str, name: str = "engine") -> ManagedProcess:

@@ -9,7 +9,9 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
+
+from gateway.config_section import ConfigSection
 
 _ENV_REFERENCE = re.compile(r"^(?:\$\{ENV:(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|env:(?P<plain>[A-Za-z_][A-Za-z0-9_]*))$")
 
@@ -26,11 +28,7 @@ def resolve_secret(value: str) -> str:
     return resolved
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TokenCaps(_Strict):
+class TokenCaps(ConfigSection):
     """Per-request token caps; a field left unset inherits from the level above."""
 
     max_prompt_tokens: int | None = Field(None, ge=1)
@@ -63,7 +61,7 @@ class LimitsConfig(TokenCaps):
         return override.over(base) if override else base
 
 
-class TenantConfig(_Strict):
+class TenantConfig(ConfigSection):
     name: str = Field(min_length=1)
     api_keys: list[SecretStr] = Field(min_length=1)
     max_concurrency: int | None = Field(None, ge=1)
@@ -81,7 +79,7 @@ class TenantConfig(_Strict):
         return [resolve_secret(key) if isinstance(key, str) else key for key in keys]
 
 
-class AdminConfig(_Strict):
+class AdminConfig(ConfigSection):
     api_key: SecretStr | None = None
     """Bearer key for /admin/* and the dashboard; without one they answer loopback clients only."""
 

@@ -1,11 +1,11 @@
 """The `observability:` section of config.yaml: request log, dashboard statistics, prefix breakers."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gateway.config_section import ConfigSection
 
 
-class ObservabilityConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ObservabilityConfig(ConfigSection):
     request_log: bool = True
     """One JSON line per request on stderr (or in `request_log_path`)."""
     request_log_path: str | None = None

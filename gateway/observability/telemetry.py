@@ -14,6 +14,7 @@ from gateway.routing.types import RouteRequest
 from gateway.served_model import ServedModel
 from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
+from protocol.usage import cached_tokens
 
 
 class Telemetry:
@@ -35,7 +36,6 @@ class Telemetry:
     ) -> None:
         """A request a backend answered; ``started`` is its arrival (``time.perf_counter()``)."""
         outcome, usage = dispatched.outcome, dispatched.outcome.usage or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         record = RequestRecord(
             request_id=route_request.request_id,
             model=route_request.model,
@@ -46,7 +46,7 @@ class Telemetry:
             stream=stream,
             prompt_tokens=route_request.prompt_tokens,
             predicted_cached_tokens=dispatched.decision.predicted_cached_tokens,
-            cached_tokens=cached if isinstance(cached, int) else None,
+            cached_tokens=cached_tokens(usage),
             completion_tokens=usage.get("completion_tokens"),
             queued_s=dispatched.queued_s,
             ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,

@@ -1,15 +1,15 @@
 """The ``routing:`` section of config.yaml (hot-reloadable)."""
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from gateway.config_section import ConfigSection
 
 POLICIES = ("cache_aware", "prefix_affinity", "least_loaded", "round_robin", "random", "session")
 SCORERS = ("estimated_ttft", "prefix_affinity", "least_loaded", "round_robin", "random", "session_affinity")
 
 
-class RoutingConfig(BaseModel):
+class RoutingConfig(ConfigSection):
     """How the router picks a replica. Defaults are the ones that won the benchmarks."""
-
-    model_config = ConfigDict(extra="forbid")
 
     policy: str = "cache_aware"
     """One of POLICIES; each is a pipeline of weighted scorers (see gateway/routing/policies.py)."""
