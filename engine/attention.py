@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from engine.kv_cache import PagedKVCache
 from engine.runner_api import SeqChunk
+from radix.blocks import blocks_for
 
 
 @dataclass
@@ -74,10 +75,6 @@ class AttentionMetadata:
         )
 
 
-def _blocks_for(context_len: int, block_size: int) -> int:
-    return -(-context_len // block_size)
-
-
 def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     visible = key_pos <= query_pos
     if window is not None:
@@ -87,10 +84,10 @@ def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None)
 
 def _decode_group(decodes: list[SeqChunk], block_size: int, window: int | None, device: torch.device) -> DecodeGroup:
     context_lens = [chunk.start_pos + 1 for chunk in decodes]
-    max_blocks = _blocks_for(max(context_lens), block_size)
+    max_blocks = blocks_for(max(context_lens), block_size)
     rows = []
     for chunk, context_len in zip(decodes, context_lens, strict=False):
-        used = chunk.block_table[: _blocks_for(context_len, block_size)]
+        used = chunk.block_table[: blocks_for(context_len, block_size)]
         rows.append(used + [0] * (max_blocks - len(used)))
     tables = torch.tensor(rows, dtype=torch.long, device=device)
     query_pos = torch.tensor([chunk.start_pos for chunk in decodes], device=device)[:, None]
@@ -111,7 +108,7 @@ def _prefill_chunks(
         if chunk.start_pos > 0 or (window is not None and context_len > window):
             query_pos = torch.arange(chunk.start_pos, context_len, device=device)[:, None]
             mask = _visible(query_pos, torch.arange(context_len, device=device)[None, :], window)
-        table = torch.tensor(chunk.block_table[: _blocks_for(context_len, block_size)], device=device)
+        table = torch.tensor(chunk.block_table[: blocks_for(context_len, block_size)], device=device)
         result.append(PrefillChunk(begin, begin + count, table, context_len, mask))
         begin += count
     return result

@@ -16,6 +16,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from engine.sequence import Sequence
+from radix.blocks import blocks_for
 from radix.hashing import BlockHash, extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
@@ -64,7 +65,7 @@ class BlockManager:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def allocate(self, seq: Sequence) -> bool:
         """Give a waiting sequence blocks for all of ``seq.token_ids``, reusing cached prefix blocks.

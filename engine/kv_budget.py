@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_GPU_MEMORY_UTILIZATION, MAX_DEFAULT_MODEL_LEN, EngineConfig
 from planner.arch import ModelArch
 from planner.kv_math import blocks_for_memory, kv_bytes_per_token, weights_bytes
+from radix.blocks import blocks_for
 
 GIB = 1024**3
 CUDA_ACTIVATION_RESERVE_BYTES = GIB
@@ -35,7 +36,7 @@ class KVBudget:
     @property
     def max_concurrency(self) -> float:
         """Requests of ``max_model_len`` tokens that fit at once."""
-        return self.num_blocks / -(-self.max_model_len // self.block_size)
+        return self.num_blocks / blocks_for(self.max_model_len, self.block_size)
 
     def describe(self) -> str:
         return (
@@ -81,7 +82,7 @@ def plan_kv_budget(
     if budget_plan.max_concurrency < 1:
         raise KVBudgetError(
             f"{budget_plan.describe()}: one request of max-model-len {max_model_len} tokens needs "
-            f"{-(-max_model_len // config.block_size)} blocks; raise --num-blocks / --kv-cache-gib / "
+            f"{blocks_for(max_model_len, config.block_size)} blocks; raise --num-blocks / --kv-cache-gib / "
             "--gpu-memory-utilization or lower --max-model-len"
         )
     return budget_plan

@@ -34,6 +34,7 @@ import torch
 
 from engine.model_runner import TorchModelRunner
 from engine.runner_api import SamplingParams, SeqChunk
+from radix.blocks import blocks_for
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -50,7 +51,7 @@ def step_seconds(runner: TorchModelRunner, chunks: list[SeqChunk], repeats: int)
 
 
 def table_for(seq: int, tokens: int, block_size: int, blocks_per_seq: int) -> list[int]:
-    return list(range(seq * blocks_per_seq, seq * blocks_per_seq + -(-tokens // block_size)))
+    return list(range(seq * blocks_per_seq, seq * blocks_per_seq + blocks_for(tokens, block_size)))
 
 
 def prefill_chunk(start_pos: int, new_tokens: int, block_size: int) -> SeqChunk:
@@ -60,7 +61,7 @@ def prefill_chunk(start_pos: int, new_tokens: int, block_size: int) -> SeqChunk:
 
 
 def decode_batch(batch: int, context: int, block_size: int) -> list[SeqChunk]:
-    blocks_per_seq = -(-context // block_size)
+    blocks_per_seq = blocks_for(context, block_size)
     return [
         SeqChunk(seq, [100 + seq], context - 1, table_for(seq, context, block_size, blocks_per_seq), True, GREEDY, 1)
         for seq in range(batch)
@@ -80,7 +81,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    blocks_needed = max(max(args.batches) * -(-max(args.contexts) // args.block_size), -(-2000 // args.block_size))
+    blocks_needed = max(
+        max(args.batches) * blocks_for(max(args.contexts), args.block_size), blocks_for(2000, args.block_size)
+    )
     start = time.perf_counter()
     runner = TorchModelRunner(args.model, args.block_size, blocks_needed, args.device, args.dtype, args.kv_cache_dtype)
     print(f"load {time.perf_counter() - start:.2f} s  ({args.dtype}, kv {args.kv_cache_dtype}, {args.threads} threads)")

@@ -29,6 +29,7 @@ from pathlib import Path
 from bench.engine.engine_process import start_engine
 from bench.loadgen import Target, run_load
 from bench.workloads.types import BenchRequest
+from radix.blocks import blocks_for
 
 MODEL = "smollm2-135m"
 
@@ -54,7 +55,7 @@ def make_prompts(count: int, length: int) -> list[list[int]]:
 
 def run_kvgate(prompts: list[list[int]], output_tokens: int, budget: int) -> Outcome:
     requests = [BenchRequest(f"r{i}", f"r{i}", 0.0, output_tokens, tuple(prompt)) for i, prompt in enumerate(prompts)]
-    blocks = len(prompts) * -(-(len(prompts[0]) + output_tokens) // 16) + 64
+    blocks = len(prompts) * blocks_for(len(prompts[0]) + output_tokens, 16) + 64
     flags = [
         "--num-blocks", str(blocks),
         "--max-model-len", str(len(prompts[0]) + output_tokens),
@@ -90,7 +91,7 @@ def run_transformers(prompts: list[list[int]], output_tokens: int, threads: int,
     generation = GenerationConfig(max_new_tokens=output_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     batching = ContinuousBatchingConfig(
         page_size=16,
-        num_blocks=len(prompts) * -(-(len(prompts[0]) + output_tokens) // 16) + 64,
+        num_blocks=len(prompts) * blocks_for(len(prompts[0]) + output_tokens, 16) + 64,
         max_batch_tokens=budget,
         allow_block_sharing=False,
     )

@@ -6,11 +6,11 @@ replica's capacity is the `kv_capacity_blocks` of its config, else the `num_bloc
 /stats reports, else unbounded (engines that report nothing are bounded by concurrency only).
 """
 
-import math
+from radix.blocks import blocks_for
 
 
 def blocks_needed(uncached_prompt_tokens: int, max_tokens: int, block_size: int) -> int:
-    return math.ceil((max(uncached_prompt_tokens, 0) + max_tokens) / block_size)
+    return blocks_for(max(uncached_prompt_tokens, 0) + max_tokens, block_size)
 
 
 def fits(reserved: int, needed: int, capacity: int | None) -> bool:
