@@ -118,7 +118,7 @@ def _smallest_tensor_parallel(answer: dict[str, Any], plan: dict[str, Any]) -> s
         f"(--pipeline-parallel {plan['pipeline_parallel']}) for {answer['concurrency']:,} concurrent "
         f"sequence{'s' if answer['concurrency'] > 1 else ''} of {tokens:,} tokens"
     )
-    tried = ", ".join(f"TP {size}: {count:,}" for size, count in answer["sequences_by_tensor_parallel"].items())
+    tried = ", ".join(f"TP {row['tensor_parallel']}: {row['max_sequences']:,}" for row in answer["tried"])
     if answer["tensor_parallel"] is None:
         return f"{question}: none of the sizes this model splits into (sequences {tried})"
     return f"{question}: {answer['tensor_parallel']} (sequences {tried})"

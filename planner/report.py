@@ -63,7 +63,10 @@ def build_report(
         report["smallest_tensor_parallel"] = {
             "concurrency": smallest_tensor_parallel.concurrency,
             "tensor_parallel": smallest_tensor_parallel.tensor,
-            "sequences_by_tensor_parallel": smallest_tensor_parallel.tried,
+            "tried": [
+                {"tensor_parallel": size, "max_sequences": count}
+                for size, count in smallest_tensor_parallel.tried.items()
+            ],
         }
     return report
 
