@@ -109,7 +109,6 @@ def _build_parser() -> argparse.ArgumentParser:
     add(
         "--concurrency",
         type=int,
-        default=1,
         metavar="C",
         help="sequences that must fit at once, for the smallest --tensor-parallel line (default 1)",
     )
@@ -119,14 +118,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _capacity(arch: ModelArch, args: argparse.Namespace) -> CapacityPlan | str:
     """The plan, or why there is none: the config lacks a weights field and no --weights-gib."""
-    if args.weights_gib is None and arch.params is None:
-        return f"{arch.params_missing}; give --weights-gib for the capacity table"
     prompt_tokens = max(arch.max_context - args.output_tokens, 0) if args.context is None else args.context
     if prompt_tokens + args.output_tokens > arch.max_context:
         raise ValueError(
             f"--context {prompt_tokens:,} + --output-tokens {args.output_tokens:,} exceeds the model's "
             f"maximum context of {arch.max_context:,} tokens"
         )
+    if args.weights_gib is None and arch.params is None:
+        return f"{arch.params_missing}; give --weights-gib for the capacity table"
     return plan_capacity(
         arch,
         gpu_memory_bytes=args.gpu_memory,
@@ -146,12 +145,15 @@ def main(argv: list[str]) -> int:
     a model or plan that cannot be read, raised as SystemExit by argparse for malformed flags."""
     parser = _build_parser()
     args = parser.parse_args(argv)
-    capacity_flags = args.context is not None or args.output_tokens or args.weights_gib is not None
-    if args.gpu_memory is None and capacity_flags:
-        parser.error("--context, --output-tokens and --weights-gib size the capacity table: give --gpu-memory too")
+    capacity_flags = (args.context, args.weights_gib, args.concurrency, args.output_tokens or None)
+    if args.gpu_memory is None and any(flag is not None for flag in capacity_flags):
+        parser.error(
+            "--context, --output-tokens, --weights-gib and --concurrency apply to the capacity table: "
+            "give --gpu-memory too"
+        )
     if min(args.overhead_gib, args.output_tokens, args.context or 0, args.weights_gib or 0) < 0:
         parser.error("--overhead-gib, --context, --output-tokens and --weights-gib must be >= 0")
-    if min(args.tensor_parallel, args.pipeline_parallel, args.concurrency) < 1:
+    if min(args.tensor_parallel, args.pipeline_parallel, args.concurrency or 1) < 1:
         parser.error("--tensor-parallel, --pipeline-parallel and --concurrency must be >= 1")
     parallel = Parallelism(args.tensor_parallel, args.pipeline_parallel)
     try:
@@ -160,7 +162,7 @@ def main(argv: list[str]) -> int:
         capacity = None if args.gpu_memory is None else _capacity(arch, args)
         smallest = None
         if isinstance(capacity, CapacityPlan):
-            smallest = smallest_tensor_parallel(arch, capacity, args.concurrency)
+            smallest = smallest_tensor_parallel(arch, capacity, args.concurrency or 1)
     except (ValueError, OSError) as error:
         print(f"kvgate plan: error: {error}", file=sys.stderr)
         return 2

@@ -110,6 +110,7 @@ def test_config_missing_a_field_names_it(tmp_path: Path) -> None:
         (["--model", "llama-3-70b", "--tensor-parallel", "3"], "does not divide the 64 attention heads"),
         (["--model", "llama-3-70b", "--pipeline-parallel", "0"], "must be >= 1"),
         (["--model", "llama-3-70b", "--weights-gib", "100"], "give --gpu-memory"),
+        (["--model", "llama-3-70b", "--concurrency", "8"], "give --gpu-memory"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
