@@ -1,4 +1,4 @@
-"""KV-cache arithmetic: bytes per token, per sequence, per block budget, and weight bytes.
+"""KV-cache arithmetic: bytes per token, per sequence and per block budget.
 
 The one implementation used by ``kvgate plan``, the engine's start-up line and (through the
 engine's reported blocks) the gateway's per-replica KV budget; planner.parallel gives the
@@ -37,14 +37,6 @@ def kv_bytes_per_sequence(arch: ModelArch, tokens: int, kv_dtype: str) -> int:
         raise ValueError(f"tokens must be >= 0, got {tokens}")
     held = sum(tokens if window is None else min(tokens, window) for window in arch.layer_windows)
     return bits_to_bytes(held * arch.kv_elements_per_token_per_layer * bits_per_element(kv_dtype))
-
-
-def weights_bytes(arch: ModelArch, weights_dtype: str) -> int:
-    """Weight memory of the whole model, estimated as parameters x bits per weight (quantization
-    scales not counted); raises ValueError when the config lacks fields the estimate needs."""
-    if arch.param_count is None:
-        raise ValueError(f"no weights estimate: {arch.params_missing}")
-    return bits_to_bytes(arch.param_count * bits_per_element(weights_dtype))
 
 
 def blocks_for_memory(arch: ModelArch, kv_dtype: str, memory_bytes: int, block_size: int) -> int:
