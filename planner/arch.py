@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.config_fields import ConfigFieldError, optional_int, require_int
-from planner.params import count_parameters
+from planner.params import ParamCounts, count_parameters
 
 # transformers' defaults for models whose config.json states a window but no per-layer pattern:
 # every Nth layer is full attention, the others slide.
@@ -26,10 +26,17 @@ class ModelArch:
     num_kv_heads: int
     head_dim: int
     max_context: int
-    param_count: int
+    params: ParamCounts | None
     layer_windows: tuple[int | None, ...]
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    params_missing: str | None = None
+    """Why ``params`` is None: the config lacks a field the weights estimate needs (the KV
+    arithmetic needs only the attention fields, so it runs regardless)."""
+
+    @property
+    def param_count(self) -> int | None:
+        return None if self.params is None else self.params.total
 
     @property
     def is_mla(self) -> bool:
@@ -63,6 +70,10 @@ class ModelArch:
         heads = require_int(config, "num_attention_heads", "the head count")
         kv_lora_rank = optional_int(config, "kv_lora_rank")
         rope_dim = require_int(config, "qk_rope_head_dim", "MLA") if kv_lora_rank is not None else None
+        try:
+            params, params_missing = count_parameters(config), None
+        except ConfigFieldError as error:
+            params, params_missing = None, str(error)
         return cls(
             name=name or str(config.get("_name_or_path") or config.get("model_type") or "model"),
             num_layers=layers,
@@ -70,10 +81,11 @@ class ModelArch:
             num_kv_heads=optional_int(config, "num_key_value_heads") or heads,
             head_dim=_head_dim(config, heads),
             max_context=require_int(config, "max_position_embeddings", "the maximum context"),
-            param_count=count_parameters(config),
+            params=params,
             layer_windows=_layer_windows(config, layers),
             kv_lora_rank=kv_lora_rank,
             qk_rope_head_dim=rope_dim,
+            params_missing=params_missing,
         )
 
 

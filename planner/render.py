@@ -19,8 +19,14 @@ def render_text(report: dict[str, Any]) -> str:
             [(f"{row['tokens']:,}", _held(row)) for row in report["per_sequence"]],
         ),
     ]
-    if "capacity" in report:
+    if "per_gpu_kv" in report:
+        sections.append(_per_gpu_kv(report["per_gpu_kv"], report["architecture"], report["kv_dtype"]))
+    if report.get("capacity") is not None:
         sections.append(_capacity(report["capacity"]))
+    elif "capacity_unavailable" in report:
+        sections.append(f"capacity: not computed: {report['capacity_unavailable']}")
+    if "smallest_tensor_parallel" in report:
+        sections.append(_smallest_tensor_parallel(report["smallest_tensor_parallel"], report["capacity"]))
     return "\n\n".join(sections)
 
 
@@ -36,7 +42,10 @@ def _facts(report: dict[str, Any]) -> str:
         window = f"{arch['sliding_window']:,} tokens on {arch['sliding_window_layers']} layers"
         facts.append(("sliding window", window))
     facts.append(("max context", f"{arch['max_context']:,} tokens"))
-    facts.append(("parameters", f"{arch['parameters'] / 1e9:.3f} B"))
+    if arch["parameters"] is None:
+        facts.append(("parameters", f"unknown: {arch['parameters_missing']}"))
+    else:
+        facts.append(("parameters", f"{arch['parameters'] / 1e9:.3f} B"))
     return "\n".join(f"{name:<15}{value}" for name, value in facts)
 
 
@@ -51,28 +60,76 @@ def _held(row: dict[str, Any]) -> str:
 
 
 def _capacity(plan: dict[str, Any]) -> str:
+    gpu, replica = plan["per_gpu"], plan["per_replica"]
     sequence = f"KV/sequence ({plan['prompt_tokens']:,} + {plan['output_tokens']:,} tokens, {plan['kv_dtype']})"
+    weights = f"- weights ({plan['weights_dtype']})"
+    if plan["weights_source"] != "estimate":
+        weights = "- weights (--weights-gib)"
+    layout = f"TP {plan['tensor_parallel']} x PP {plan['pipeline_parallel']} = {plan['gpus']} GPU"
     table = _table(
-        ("capacity", ""),
+        (f"capacity ({layout}{'s' if plan['gpus'] > 1 else ''})", "per GPU", "per replica"),
         [
-            ("GPU memory", format_bytes(plan["gpu_memory_bytes"])),
-            (f"x utilization {plan['utilization']:g}", format_bytes(plan["usable_bytes"])),
-            (f"- weights ({plan['weights_dtype']})", format_bytes(plan["weights_bytes"])),
-            ("- overhead", format_bytes(plan["overhead_bytes"])),
-            ("= left for KV", format_bytes(plan["kv_budget_bytes"])),
-            (sequence, format_bytes(plan["sequence_bytes"])),
-            ("max concurrent sequences", f"{plan['max_sequences']:,}"),
+            ("GPU memory", format_bytes(gpu["gpu_memory_bytes"]), format_bytes(replica["gpu_memory_bytes"])),
+            (
+                f"x utilization {plan['utilization']:g}",
+                format_bytes(gpu["usable_bytes"]),
+                format_bytes(replica["usable_bytes"]),
+            ),
+            (weights, format_bytes(gpu["weights_bytes"]), format_bytes(replica["weights_bytes"])),
+            ("- overhead", format_bytes(gpu["overhead_bytes"]), format_bytes(replica["overhead_bytes"])),
+            ("= left for KV", format_bytes(gpu["kv_budget_bytes"]), format_bytes(replica["kv_budget_bytes"])),
+            ("KV tokens", f"{gpu['kv_tokens']:,}", f"{replica['kv_tokens']:,}"),
+            (sequence, format_bytes(gpu["sequence_bytes"]), format_bytes(replica["sequence_bytes"])),
+            ("max concurrent sequences", f"{gpu['max_sequences']:,}", f"{replica['max_sequences']:,}"),
         ],
     )
-    if plan["kv_budget_bytes"] == 0:
-        return f"{table}\n(weights and overhead leave no memory for KV: a larger card, more cards or smaller weights)"
-    return table
+    notes = []
+    if plan["pipeline_parallel"] > 1:
+        layers = plan["stages"][gpu["stage"]]["layers"]
+        notes.append(f"(per GPU: a GPU of pipeline stage {gpu['stage']} ({layers} layers), the replica's tightest)")
+    if gpu["kv_budget_bytes"] == 0:
+        notes.append("(weights and overhead leave no memory for KV: a larger card, more cards or smaller weights)")
+    return "\n".join([table, *notes])
 
 
-def _table(headers: tuple[str, str], rows: list[tuple[str, str]]) -> str:
-    """Two columns under a rule: the first left-aligned, the second right-aligned."""
-    left = max(len(cell) for cell in [headers[0], *(row[0] for row in rows)])
-    right = max(len(cell) for cell in [headers[1], *(row[1] for row in rows)])
-    lines = [f"{headers[0]:<{left}}  {headers[1]:>{right}}".rstrip(), "-" * (left + 2 + right)]
-    lines += [f"{first:<{left}}  {second:>{right}}" for first, second in rows]
-    return "\n".join(lines)
+def _per_gpu_kv(shard: dict[str, Any], arch: dict[str, Any], kv_dtype: str) -> str:
+    layout = f"TP {shard['tensor_parallel']} x PP {shard['pipeline_parallel']}"
+    if shard["mla_latent_replicated"]:
+        heads = "the whole MLA latent (every TP rank caches it)"
+    elif shard["kv_heads"] is None:
+        heads = "the MLA latent"
+    elif shard["kv_heads_replicated"]:
+        heads = (
+            f"1 KV head ({arch['kv_heads']} KV heads < TP {shard['tensor_parallel']}: "
+            f"each is replicated on {shard['tensor_parallel'] // arch['kv_heads']} GPUs)"
+        )
+    else:
+        heads = f"{shard['kv_heads']} KV heads ({arch['kv_heads']} / {shard['tensor_parallel']})"
+    return (
+        f"per GPU ({layout}): {shard['layers']} layers x {heads} = "
+        f"{format_bytes(shard['bytes_per_token'])}/token ({kv_dtype})"
+    )
+
+
+def _smallest_tensor_parallel(answer: dict[str, Any], plan: dict[str, Any]) -> str:
+    tokens = plan["prompt_tokens"] + plan["output_tokens"]
+    question = (
+        f"smallest --tensor-parallel on this {format_bytes(plan['gpu_memory_bytes'])} card "
+        f"(--pipeline-parallel {plan['pipeline_parallel']}) for {answer['concurrency']:,} concurrent "
+        f"sequence{'s' if answer['concurrency'] > 1 else ''} of {tokens:,} tokens"
+    )
+    tried = ", ".join(f"TP {row['tensor_parallel']}: {row['max_sequences']:,}" for row in answer["tried"])
+    if answer["tensor_parallel"] is None:
+        return f"{question}: none of the sizes this model splits into (sequences {tried})"
+    return f"{question}: {answer['tensor_parallel']} (sequences {tried})"
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Columns under a rule: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[column]) for row in [headers, *rows]) for column in range(len(headers))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        rest = "".join(f"  {cell:>{width}}" for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return f"{cells[0]:<{widths[0]}}{rest}"
+
+    return "\n".join([line(headers).rstrip(), "-" * (sum(widths) + 2 * (len(widths) - 1)), *map(line, rows)])

@@ -1,6 +1,6 @@
 """Concurrent sequences per card, checked against arithmetic done by hand."""
 
-from planner.kv_math import plan_capacity
+from planner.capacity import plan_capacity
 from planner.load import load_arch
 from planner.sizes import format_bytes, parse_memory_size
 
@@ -30,9 +30,9 @@ def test_qwen2_7b_on_a_24_gib_card_fits_24_sequences_of_4096_tokens() -> None:
         utilization=0.9,
         overhead_bytes=2 * GIB,
     )
-    assert plan.weights_bytes == 15_231_233_024
-    assert plan.kv_budget_bytes == 5_814_106_726
-    assert plan.sequence_bytes == 234_881_024
+    assert plan.stages[0].weights_bytes == 15_231_233_024
+    assert plan.stages[0].kv_budget_bytes == 5_814_106_726
+    assert plan.stages[0].sequence_bytes == 234_881_024
     assert plan.max_sequences == 24
 
 
@@ -45,7 +45,7 @@ def test_output_tokens_count_against_the_budget() -> None:
 
 def test_weights_larger_than_the_card_leave_no_sequences() -> None:
     plan = plan_capacity(load_arch("llama-2-70b"), gpu_memory_bytes=24 * GIB, prompt_tokens=4096)
-    assert plan.kv_budget_bytes == 0
+    assert plan.stages[0].kv_budget_bytes == 0
     assert plan.max_sequences == 0
 
 

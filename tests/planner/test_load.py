@@ -45,5 +45,25 @@ def test_gguf_missing_metadata_names_the_keys(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ConfigFieldError, match="llama.attention.head_count, llama.feed_forward_length"):
+    with pytest.raises(ConfigFieldError, match="is missing llama.attention.head_count$"):
         load_arch(str(path))
+
+
+def test_gguf_without_feed_forward_length_plans_kv_without_weights(tmp_path: Path) -> None:
+    path = tmp_path / "no-ffn.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_vocab_size(10)
+    writer.add_tensor("token_embd.weight", np.zeros((10, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    arch = load_arch(str(path))
+    assert (arch.num_layers, arch.num_kv_heads, arch.head_dim) == (2, 2, 16)
+    assert arch.params is None
+    assert arch.params_missing is not None and "'intermediate_size'" in arch.params_missing

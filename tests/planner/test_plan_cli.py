@@ -39,13 +39,27 @@ def test_text_output_shows_formula_dtypes_lengths_and_capacity() -> None:
     assert "max concurrent sequences                       24" in out
 
 
+def test_tensor_parallel_table_and_smallest_tp_line() -> None:
+    result = run_kvgate_plan(
+        "--model", "llama-3-70b", "--gpu-memory", "80GB", "--context", "4096", "--tensor-parallel", "4",
+        "--concurrency", "32",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "per GPU (TP 4 x PP 1): 80 layers x 2 KV heads (8 / 4) = 80 KiB/token (bf16)" in out
+    assert "capacity (TP 4 x PP 1 = 4 GPUs)         per GPU  per replica" in out
+    assert "- weights (bf16)                      32.86 GiB    131.4 GiB" in out
+    assert "max concurrent sequences                    103          103" in out
+    assert "for 32 concurrent sequences of 4,096 tokens: 4 (sequences TP 1: 0, TP 2: 0, TP 4: 103)" in out
+
+
 def test_json_carries_the_same_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     report = plan_json(capsys, "--model", "llama-2-7b", "--gpu-memory", "80GB", "--output-tokens", "96")
     assert report["architecture"]["attention"] == "MHA"
     assert report["bytes_per_token"]["bf16/fp16"] == 512 * 1024
     assert [row["tokens"] for row in report["per_sequence"]] == [1024, 4096]
     assert report["capacity"]["prompt_tokens"] == 4000
-    assert report["capacity"]["sequence_bytes"] == 4096 * 512 * 1024
+    assert report["capacity"]["per_gpu"]["sequence_bytes"] == 4096 * 512 * 1024
 
 
 def test_lengths_stop_at_the_context_and_windows_cap_them(capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,7 +76,7 @@ def test_bundled_gguf(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["architecture"] | {"parameters": None} == {
         "attention": "GQA", "layers": 30, "attention_heads": 9, "kv_heads": 3, "head_dim": 64,
         "kv_lora_rank": None, "qk_rope_head_dim": None, "sliding_window_layers": 0, "sliding_window": None,
-        "max_context": 8192, "parameters": None,
+        "max_context": 8192, "parameters": None, "parameters_missing": None,
     }  # fmt: skip
     assert report["bytes_per_token"]["bf16/fp16"] == 22.5 * 1024
 
@@ -93,6 +107,10 @@ def test_config_missing_a_field_names_it(tmp_path: Path) -> None:
         (["--model", "llama-2-7b", "--context", "100"], "give --gpu-memory"),
         (["--model", "llama-2-7b", "--gpu-memory", "24", "--utilization", "1.5"], "utilization"),
         (["--model", "llama-2-7b", "--kv-dtype", "auto"], "invalid choice"),
+        (["--model", "llama-3-70b", "--tensor-parallel", "3"], "does not divide the 64 attention heads"),
+        (["--model", "llama-3-70b", "--pipeline-parallel", "0"], "must be >= 1"),
+        (["--model", "llama-3-70b", "--weights-gib", "100"], "give --gpu-memory"),
+        (["--model", "llama-3-70b", "--concurrency", "8"], "give --gpu-memory"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
@@ -118,5 +136,6 @@ def test_help_describes_every_flag() -> None:
     result = run_kvgate_plan("--help")
     assert result.returncode == 0
     for flag in ("--model", "--kv-dtype", "--gpu-memory", "--weights-dtype", "--utilization", "--overhead-gib",
-                 "--context", "--output-tokens", "--json"):  # fmt: skip
+                 "--context", "--output-tokens", "--tensor-parallel", "--pipeline-parallel", "--weights-gib",
+                 "--concurrency", "--json"):  # fmt: skip
         assert flag in result.stdout
