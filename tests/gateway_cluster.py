@@ -1,6 +1,8 @@
 """A gateway in front of simulated engines, all real processes on loopback, for admission and fault tests."""
 
-from collections.abc import Iterator
+import asyncio
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,3 +99,16 @@ async def stream(
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as reply:
         return await reply.json(content_type=None)
+
+
+async def wait_for_status(
+    session: aiohttp.ClientSession, gateway_url: str, condition: Callable[[dict[str, Any]], bool], timeout_s: float = 10
+) -> dict[str, Any]:
+    """Poll /admin/backends until ``condition`` holds; the last status otherwise fails the test."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = await get_json(session, f"{gateway_url}/admin/backends")
+        if condition(status):
+            return status
+        assert time.monotonic() < deadline, f"condition never held: {status}"
+        await asyncio.sleep(0.02)

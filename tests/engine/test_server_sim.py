@@ -23,6 +23,11 @@ from tests.procs import ManagedProcess, free_port, start_engine
 MODEL = "smollm2-135m"
 NUM_BLOCKS = 600
 FAST_SIM = ("--sim", "--sim-preset", "instant", "--sim-decode-base-s", "0.002", "--check-invariants")
+DECODE_STEP_S = 0.02
+LONG_TOKENS = 2000
+CANCEL_BOUND_S = 4.0
+"""A real abort frees everything in under 0.1 s; an engine that never aborts would decode the
+LONG_TOKENS request for DECODE_STEP_S x LONG_TOKENS = 40 s, ten times this bound."""
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +43,19 @@ def engine(tmp_path_factory: pytest.TempPathFactory, events_endpoint: str) -> It
         "--num-blocks", str(NUM_BLOCKS),
         "--max-model-len", "4096",
         "--kv-events", events_endpoint,
+    )  # fmt: skip
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """An engine slow enough that a request it fails to abort is still running long after the bound."""
+    process = start_engine(
+        tmp_path_factory.mktemp("slow-sim"),
+        "--sim", "--sim-preset", "instant", "--sim-decode-base-s", str(DECODE_STEP_S), "--check-invariants",
+        "--max-model-len", "4096",
+        name="slow",
     )  # fmt: skip
     yield process
     process.stop()
@@ -189,30 +207,30 @@ def _apply(events: list, held: set[bytes]) -> bool:
     return cleared
 
 
-def test_mid_stream_disconnect_aborts_and_frees_everything(engine: ManagedProcess) -> None:
-    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": 2000, "stream": True}).encode()
+def test_mid_stream_disconnect_aborts_and_frees_everything(slow_engine: ManagedProcess) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": LONG_TOKENS, "stream": True}).encode()
     request = urllib.request.Request(
-        f"{engine.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        f"{slow_engine.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
     response = urllib.request.urlopen(request, timeout=10)
     lines = [response.readline() for _ in range(6)]
     assert lines[0].startswith(b"data: ")
-    assert get_json(f"{engine.url}/stats")["running"] == 1
+    assert get_json(f"{slow_engine.url}/stats")["running"] == 1
     response.close()
-    stats = wait_idle(engine)
+    stats = wait_idle(slow_engine, timeout=CANCEL_BOUND_S)
     assert stats["kv_cache_usage"] == 0.0
 
 
-def test_disconnect_while_waiting_for_a_whole_response_aborts_it(engine: ManagedProcess) -> None:
-    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": 2000}).encode()
-    with socket.create_connection(("127.0.0.1", engine.port), timeout=10) as connection:
+def test_disconnect_while_waiting_for_a_whole_response_aborts_it(slow_engine: ManagedProcess) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": LONG_TOKENS}).encode()
+    with socket.create_connection(("127.0.0.1", slow_engine.port), timeout=10) as connection:
         head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         connection.sendall(head.encode() + body)
         deadline = time.monotonic() + 10
-        while get_json(f"{engine.url}/stats")["running"] == 0:
+        while get_json(f"{slow_engine.url}/stats")["running"] == 0:
             assert time.monotonic() < deadline, "request never started"
             time.sleep(0.02)
-    wait_idle(engine)
+    wait_idle(slow_engine, timeout=CANCEL_BOUND_S)
 
 
 @pytest.mark.parametrize(

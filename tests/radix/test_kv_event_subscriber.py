@@ -51,7 +51,8 @@ async def subscribed(endpoint: str, socket: zmq.Socket) -> tuple[PrefixIndex, KV
         socket.send_multipart(frames("kv-events", sequence, probe))
         sequence += 1
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.1)
+    # probes still in flight would arrive after the test's own batches and read as a publisher restart
+    await until(lambda: subscriber._last_sequence == sequence - 1)
     return index, subscriber, sequence
 
 

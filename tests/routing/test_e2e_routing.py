@@ -97,7 +97,6 @@ def precise_gateway(engines: tuple[list[ManagedProcess], list[str]], tmp_path: P
     for backend, endpoint in zip(config["backends"], endpoints, strict=False):
         backend["kv_events"] = endpoint
     with gateway_for(tmp_path, config) as gateway:
-        time.sleep(0.5)  # the gateway's SUB sockets connect asynchronously (ZMQ's slow joiner)
         yield gateway
 
 
@@ -126,6 +125,7 @@ def test_precise_mode_predicts_engine_reported_cached_tokens(
     rng = random.Random(7)
     outcomes = []
     with EventWatch(engines[1]) as watch:
+        follow_every_engine(precise_gateway, engines[0], watch)
         baseline = gateway_event_batches(precise_gateway)
         for step in range(30):
             group = rng.randrange(len(systems))
@@ -146,34 +146,78 @@ def test_precise_mode_predicts_engine_reported_cached_tokens(
 
 
 def gateway_event_batches(gateway: ManagedProcess) -> int:
+    return sum(gateway_batches_by_backend(gateway).values())
+
+
+def gateway_batches_by_backend(gateway: ManagedProcess) -> dict[str, int]:
     reply = http("GET", f"{gateway.url}/dashboard/stats.json")
     assert reply.status == 200, reply.body
-    return sum(counters["received"] for counters in reply.json()["prefix_index"]["index"]["kv_events"].values())
+    return {name: counters["received"] for name, counters in reply.json()["prefix_index"]["index"]["kv_events"].items()}
+
+
+def follow_every_engine(gateway: ManagedProcess, processes: list[ManagedProcess], watch: "EventWatch") -> None:
+    """Reset the engines' caches until the gateway and the watch both receive each engine's events.
+
+    ZMQ subscribers connect asynchronously (the slow joiner), so this waits on delivery, not on
+    time. The gateway subscribed before the watch, so it receives at least what the watch did;
+    once it has, the two count the same batches from here on and the watch starts again at 0.
+    """
+    names = [f"e{index}" for index in range(len(processes))]
+    before = gateway_batches_by_backend(gateway)
+    deadline = time.monotonic() + 20
+    while True:
+        watch.drain()
+        received = gateway_batches_by_backend(gateway)
+        lagging = [
+            index
+            for index, name in enumerate(names)
+            if not watch.batches_from[index] or received.get(name, 0) == before.get(name, 0)
+        ]
+        if not lagging:
+            break
+        assert time.monotonic() < deadline, f"no KV events from engines {lagging} after 20 s of cache resets"
+        for index in lagging:
+            assert http("POST", f"{processes[index].url}/reset_prefix_cache", b"").status == 200
+    while any(received[name] - before.get(name, 0) < watch.batches_from[index] for index, name in enumerate(names)):
+        assert time.monotonic() < deadline, "the gateway fell behind the engines' KV events"
+        time.sleep(0.01)
+        received = gateway_batches_by_backend(gateway)
+    watch.restart_counts()
 
 
 class EventWatch:
-    """The test's own subscription to the engines' KV events: batches published, blocks evicted."""
+    """The test's own subscription to each engine's KV events: batches published, blocks evicted."""
 
     def __init__(self, endpoints: list[str]) -> None:
-        self._socket = zmq.Context.instance().socket(zmq.SUB)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sockets = []
+        self._poller = zmq.Poller()
         for endpoint in endpoints:
-            self._socket.connect(endpoint)
-        self.batches = 0
+            socket = zmq.Context.instance().socket(zmq.SUB)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
+            socket.connect(endpoint)
+            self._poller.register(socket, zmq.POLLIN)
+            self._sockets.append(socket)
+        self.batches_from = [0] * len(endpoints)
         self.removed_blocks = 0
 
     def __enter__(self) -> "EventWatch":
-        time.sleep(0.3)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._socket.close()
+        for socket in self._sockets:
+            socket.close()
+
+    def restart_counts(self) -> None:
+        self.batches_from = [0] * len(self._sockets)
+        self.removed_blocks = 0
 
     def drain(self) -> int:
         """Read what has arrived (waiting briefly for stragglers); returns the batches seen so far."""
-        while self._socket.poll(50):
-            _, batch = parse_frames(self._socket.recv_multipart())
-            self.batches += 1
-            self.removed_blocks += sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockRemoved))
-        return self.batches
+        while ready := dict(self._poller.poll(50)):
+            for index, socket in enumerate(self._sockets):
+                if socket in ready:
+                    _, batch = parse_frames(socket.recv_multipart())
+                    self.batches_from[index] += 1
+                    self.removed_blocks += sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockRemoved))
+        return sum(self.batches_from)
