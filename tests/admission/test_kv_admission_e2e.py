@@ -5,11 +5,24 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.gateway_cluster import SLOW_SIM, chat, gateway_config, gateway_for, get_json, running, start_engines, stream
+from tests.gateway_cluster import (
+    SLOW_SIM,
+    chat,
+    gateway_config,
+    gateway_for,
+    running,
+    start_engines,
+    stream,
+    wait_for_status,
+)
 from tests.procs import free_port
 
 NUM_BLOCKS = 64
 MAX_TOKENS = 100
+
+
+def all_eight_admitted_or_queued(status: dict) -> bool:
+    return status["backends"][0]["in_flight"] + status["queued"].get("anonymous", 0) == 8
 
 
 async def test_requests_beyond_the_kv_budget_queue_then_complete(tmp_path: Path) -> None:
@@ -22,8 +35,7 @@ async def test_requests_beyond_the_kv_budget_queue_then_complete(tmp_path: Path)
         async with aiohttp.ClientSession() as session:
             requests = [stream(session, url, chat(f"request {i}", MAX_TOKENS, ignore_eos=True)) for i in range(8)]
             running_requests = [asyncio.create_task(request) for request in requests]
-            await asyncio.sleep(0.5)
-            status = await get_json(session, f"{gateway.url}/admin/backends")
+            status = await wait_for_status(session, gateway.url, all_eight_admitted_or_queued)
             results = await asyncio.gather(*running_requests)
         backend = status["backends"][0]
         assert backend["kv_capacity_blocks"] == NUM_BLOCKS

@@ -17,6 +17,7 @@ from tests.gateway_cluster import (
     running,
     start_engines,
     stream,
+    wait_for_status,
 )
 from tests.procs import ManagedProcess, free_port
 
@@ -92,10 +93,10 @@ async def test_tenants_without_isolation_share_the_cache(gateway: ManagedProcess
 
 async def test_tenant_concurrency_limit_is_429(gateway: ManagedProcess) -> None:
     headers = {"Authorization": "Bearer key-solo"}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer key-admin"}) as session:
         url = f"{gateway.url}/v1/chat/completions"
         holder = asyncio.create_task(stream(session, url, chat("hold", 40, ignore_eos=True), headers))
-        await asyncio.sleep(0.3)
+        await wait_for_status(session, gateway.url, lambda status: status["tenants_in_flight"].get("solo") == 1)
         status, reply_headers, body = await post(session, url, chat("second"), headers)
         held_status, _ = await holder
     assert held_status == 200

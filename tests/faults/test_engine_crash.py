@@ -2,9 +2,11 @@
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.gateway_cluster import (
@@ -12,23 +14,24 @@ from tests.gateway_cluster import (
     chat,
     gateway_config,
     gateway_for,
-    get_json,
     post,
     running,
     start_engines,
-    stream,
+    wait_for_status,
 )
 from tests.procs import ManagedProcess, free_port, kvgate_cmd, start
 
 HEALTH_INTERVAL_S = 0.5
 LOAD_S = 4.0
-KILL_AFTER_S = 1.5
 
 
-async def steady_load(gateway: ManagedProcess, until: float, streaming: bool, worker: int) -> list[tuple[int, list]]:
+async def steady_load(
+    gateway: ManagedProcess, until: float, streaming: bool, worker: int, streaming_on: dict[str, int]
+) -> list[tuple[int, list]]:
     """One client sending requests back to back until ``until``; each result is (status, events or body).
 
-    Streams are long (about 2 s) so that every replica has some in flight when one is killed.
+    Streams are long (about 2 s) so that every replica has some in flight when one is killed;
+    ``streaming_on`` counts, per backend, the streams that have sent an event and not yet ended.
     """
     url = f"{gateway.url}/v1/chat/completions"
     results = []
@@ -37,7 +40,7 @@ async def steady_load(gateway: ManagedProcess, until: float, streaming: bool, wo
         while time.monotonic() < until:
             body = chat(f"worker {worker} request {index}", 100 if streaming else 25, ignore_eos=True)
             if streaming:
-                results.append(await stream(session, url, body))
+                results.append(await counted_stream(session, url, body, streaming_on))
             else:
                 status, _, reply = await post(session, url, body)
                 results.append((status, [reply]))
@@ -45,9 +48,31 @@ async def steady_load(gateway: ManagedProcess, until: float, streaming: bool, wo
     return results
 
 
-async def backend_health(session: aiohttp.ClientSession, gateway: ManagedProcess) -> dict[str, bool]:
-    status = await get_json(session, f"{gateway.url}/admin/backends")
-    return {backend["name"]: backend["healthy"] for backend in status["backends"]}
+async def counted_stream(
+    session: aiohttp.ClientSession, url: str, body: dict, streaming_on: dict[str, int]
+) -> tuple[int, list]:
+    """``stream`` that counts itself in ``streaming_on`` between its first event and its end."""
+    async with session.post(url, json={**body, "stream": True}) as reply:
+        backend = reply.headers.get("x-kvgate-backend", "")
+        events: list = []
+        try:
+            async for line in reply.content:
+                if line.startswith(b"data: "):
+                    payload = line[6:].strip()
+                    events.append(payload if payload == b"[DONE]" else orjson.loads(payload))
+                    if len(events) == 1:
+                        streaming_on[backend] = streaming_on.get(backend, 0) + 1
+        finally:
+            if events:
+                streaming_on[backend] -= 1
+        return reply.status, events
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.slow
@@ -56,8 +81,9 @@ async def test_kill_one_of_three_engines_under_load(tmp_path: Path) -> None:
         config = gateway_config(free_port(), engines, health={"interval_s": HEALTH_INTERVAL_S, "timeout_s": 0.5})
         with gateway_for(tmp_path, config) as gateway:
             until = time.monotonic() + LOAD_S
-            load = [asyncio.create_task(steady_load(gateway, until, streaming=i % 2 == 1, worker=i)) for i in range(12)]
-            await asyncio.sleep(KILL_AFTER_S)
+            streaming_on: dict[str, int] = {}
+            load = [asyncio.create_task(steady_load(gateway, until, i % 2 == 1, i, streaming_on)) for i in range(12)]
+            await wait_until(lambda: streaming_on.get("e1", 0) >= 1)
             engines[1].kill()
             results = await asyncio.wait_for(asyncio.gather(*load), LOAD_S + 30)
 
@@ -71,12 +97,8 @@ async def test_kill_one_of_three_engines_under_load(tmp_path: Path) -> None:
 
             port = engines[1].port
             engines[1] = start(kvgate_cmd("engine", "--port", str(port), *SLOW_SIM), port, tmp_path / "restarted.log")
-            ready = time.monotonic()
             async with aiohttp.ClientSession() as session:
-                while not (await backend_health(session, gateway))["e1"]:
-                    await asyncio.sleep(0.05)
-                back_after_s = time.monotonic() - ready
-                assert back_after_s <= 2 * HEALTH_INTERVAL_S
+                await wait_for_status(session, gateway.url, lambda status: status["backends"][1]["healthy"])
                 served_by = set()
                 for index in range(12):
                     _, headers, _ = await post(session, f"{gateway.url}/v1/chat/completions", chat(f"after {index}", 2))

@@ -19,6 +19,7 @@ from tests.gateway_cluster import (
     running,
     start_engines,
     stream,
+    wait_for_status,
     write_config,
 )
 from tests.procs import ManagedProcess, free_port
@@ -41,6 +42,10 @@ async def steady_load(url: str, until: float, streaming: bool, worker: int) -> l
     return results
 
 
+def in_flight(status: dict) -> int:
+    return sum(backend["in_flight"] for backend in status["backends"])
+
+
 async def backend_names(session: aiohttp.ClientSession, gateway: ManagedProcess) -> dict[str, bool]:
     status = await get_json(session, f"{gateway.url}/admin/backends")
     return {backend["name"]: backend["draining"] for backend in status["backends"]}
@@ -61,7 +66,7 @@ async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path
             until = time.monotonic() + 4.0
             load = [asyncio.create_task(steady_load(url, until, i % 2 == 1, i)) for i in range(8)]
             async with aiohttp.ClientSession() as session:
-                await asyncio.sleep(1.0)
+                await wait_for_status(session, gateway.url, lambda status: in_flight(status) >= 4)
                 swapped = gateway_config(config["listen"]["port"], engines, limits={"max_tokens": 32})
                 swapped["backends"] = swapped["backends"][1:]
                 write_config(config_path, swapped)
@@ -80,7 +85,8 @@ async def test_reload_under_load_adds_drains_and_refuses_broken_configs(tmp_path
                 status, _, body = await post(session, url, chat("over the new limit", 40))
                 assert status == 400 and body["error"]["code"] == "max_tokens_too_large"
                 results = await asyncio.wait_for(asyncio.gather(*load), 40)
-                await asyncio.sleep(1.0)
+                # e0 drained its last request and left the pool
+                await wait_for_status(session, gateway.url, lambda status: len(status["backends"]) == 2)
                 assert await backend_names(session, gateway) == {"e1": False, "e2": False}
 
                 drained = gateway_config(config["listen"]["port"], engines[:2])
@@ -115,10 +121,10 @@ async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
     ):
         async with aiohttp.ClientSession() as session:
             url = f"{gateway.url}/v1/chat/completions"
-            in_flight = asyncio.create_task(stream(session, url, chat("a long answer", 60, ignore_eos=True)))
-            await asyncio.sleep(0.3)
+            answer = asyncio.create_task(stream(session, url, chat("a long answer", 60, ignore_eos=True)))
+            await wait_for_status(session, gateway.url, lambda status: in_flight(status) == 1)
             gateway.proc.send_signal(signal.SIGTERM)
-            status, events = await asyncio.wait_for(in_flight, 30)
+            status, events = await asyncio.wait_for(answer, 30)
         assert status == 200 and events[-1] == b"[DONE]"
         assert len([event for event in events if isinstance(event, dict) and event.get("choices")]) >= 60
         assert await asyncio.to_thread(gateway.proc.wait, 30) == 0
