@@ -63,7 +63,7 @@ Fitted by ``python -m bench.engine.runner_timing --threads 1 --contexts 128 1024
 about 8): prefill of 2,000 tokens 16.8 s, 100 new tokens after 1,900 cached 0.97 s, decode steps
 of batch 1 / 8 / 32 at context 1,024 in 94 / 197 / 916 ms. The step overhead is folded into the
 other terms. An idle machine is several times faster; benchmarks scale all constants down (the
-``--sim-*`` flags, or ``kvgate bench --sim-speedup``).
+``--sim-*`` flags, or ``kvgate bench run --sim-prefill-us``, which scales every constant by one factor).
 """
 
 SIM_PRESETS: dict[str, SimCosts] = {"smollm2-cpu": SMOLLM2_CPU, "instant": SimCosts(0, 0, 0, 0, 0, 0)}

@@ -5,10 +5,10 @@ the converted model folder as tokenizer and kvgate's 16-token blocks. Then check
 line per check: chat and completions, streamed and not, answer through the gateway;
 ``usage.prompt_tokens_details.cached_tokens`` comes back; the gateway receives vLLM's KV event
 batches; and, for prompts sharing a prefix, what the router predicted cached
-(``x-kvgate-predicted-cached-tokens``) against what vLLM reports. vLLM's CPU blocks hold 128
-tokens, so it reports hits in multiples of 128 while the router, in 16-token blocks, may
-predict more when a shared prefix ends inside a 128-token block. Last, distinct prompts overflow
-vLLM's KV cache and its removals must reach the router's index. Exits 1 if a check fails.
+(``x-kvgate-predicted-cached-tokens``) must equal what vLLM reports. vLLM's CPU blocks hold 128
+tokens, so it reports hits in multiples of 128; the router learns that block size from vLLM's
+``BlockStored`` events and rounds its 16-token matches down to it. Last, distinct prompts
+overflow vLLM's KV cache and its removals must reach the router's index. Exits 1 if a check fails.
 
     python -m bench.peers.vllm_gateway_check [--dtype float32]
 """
@@ -186,8 +186,18 @@ def check_prefix_hits(gateway: str, model: str, checks: Checklist) -> list[tuple
                 f"cached_tokens through the gateway, {label}",
                 f"{reply.cached_tokens}, expected {expected}",
             )
+            check_prediction(reply, label, checks)
             rows.append((label, reply.predicted_cached_tokens, reply.cached_tokens))
     return rows
+
+
+def check_prediction(reply: Reply, label: str, checks: Checklist) -> None:
+    """The router's predicted cached tokens equal the ones vLLM reports."""
+    checks.check(
+        reply.predicted_cached_tokens == reply.cached_tokens,
+        f"predicted == reported cached tokens, {label}",
+        f"predicted {reply.predicted_cached_tokens}, reported {reply.cached_tokens}",
+    )
 
 
 def check_chat_prefix(gateway: str, model: str, checks: Checklist) -> tuple[str, int, int]:
@@ -205,6 +215,7 @@ def check_chat_prefix(gateway: str, model: str, checks: Checklist) -> tuple[str,
         str(second.cached_tokens),
     )
     label = f"chat, {second.usage.get('prompt_tokens')}-token prompt, shared system prompt"
+    check_prediction(second, label, checks)
     return label, second.predicted_cached_tokens, second.cached_tokens
 
 

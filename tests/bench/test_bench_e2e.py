@@ -43,10 +43,13 @@ def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
     rows = {row["contender"]: row for row in report["rows"]}
     assert set(rows) == {"kvgate cache_aware", "kvgate round_robin", "direct round_robin"}
     for row in rows.values():
-        assert 0.0 <= row["hit_rate"] <= 1.0
+        assert 0.0 < row["hit_rate"] <= 1.0, "4 prompts per group on 2 replicas: every policy hits"
         assert row["errors"] == 0 and row["requests"] == 24
-    assert rows["kvgate cache_aware"]["hit_rate"] >= rows["kvgate round_robin"]["hit_rate"]
-    assert rows["kvgate cache_aware"]["hit_rate"] <= report["bounds"]["infinite_cache"] + 1e-9
+    bound = report["bounds"]["infinite_cache"]
+    assert bound > 0.6, "18 of 24 prompts repeat a 256-token system prompt"
+    cache_aware = rows["kvgate cache_aware"]["hit_rate"]
+    assert 0.75 * bound <= cache_aware <= bound + 1e-9, "cache_aware sends a group's prompts to its first replica"
+    assert cache_aware >= rows["kvgate round_robin"]["hit_rate"]
     assert (tmp_path / "report.md").read_text().count("| kvgate") == 2
     assert (tmp_path / "hit_rate.png").stat().st_size > 0 and (tmp_path / "ttft_cdf.png").stat().st_size > 0
 

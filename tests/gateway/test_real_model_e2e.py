@@ -1,5 +1,6 @@
 """The walking skeleton end to end: an OpenAI client, the gateway, two engines running SmolLM2."""
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,24 @@ def test_chat_answers_through_gateway_with_routing_headers(client: openai.OpenAI
     assert raw.headers["x-kvgate-backend"] in {"engine-0", "engine-1"}
     assert raw.headers["x-request-id"]
     assert completion.usage.prompt_tokens > 0
-    assert completion.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_a_repeated_prompt_reports_its_cached_blocks(client: openai.OpenAI) -> None:
+    """A new prompt is all computed; the same prompt again on the same replica reuses every full block
+    but the last token's (the engine computes at least one token), and usage says so."""
+    system = f"Session {uuid.uuid4().hex}. You answer questions about European geography in one word."
+    messages = [{"role": "system", "content": system * 3}, *QUESTION]
+    served: dict[str, list[tuple[int, int]]] = {}
+    for _ in range(3):
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=2)
+        usage = raw.parse().usage
+        served.setdefault(raw.headers["x-kvgate-backend"], []).append(
+            (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)
+        )
+    assert all(replies[0][1] == 0 for replies in served.values()), served
+    again = [reply for replies in served.values() for reply in replies[1:]]
+    assert again, f"round robin over 2 replicas sends 2 of 3 requests to one: {served}"
+    assert all(cached == (prompt - 1) // 16 * 16 > 0 for prompt, cached in again), served
 
 
 def test_streaming_chat_passes_chunks_and_usage(client: openai.OpenAI) -> None:
