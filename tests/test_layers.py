@@ -9,6 +9,10 @@
 The bottom packages may import a package below them and nothing else: ``planner`` reads model
 files through ``normalize``; ``normalize`` and ``radix`` may use the wire contracts of
 ``protocol``. Imports under ``if TYPE_CHECKING:`` count too: a type is a dependency.
+
+Inside the gateway, only the app factory (``gateway/app.py``) and modules of request handlers
+(an ``async def`` taking a ``web.Request``) import the composition root, ``gateway/state.py``;
+every other part gets the parts it reads passed in.
 """
 
 import ast
@@ -52,6 +56,33 @@ def upward_imports(root: Path = REPO) -> list[str]:
     return found
 
 
+COMPOSITION_ROOT = "gateway.state"
+APP_FACTORY = "gateway/app.py"
+
+
+def serves_requests(path: Path) -> bool:
+    """Whether the module defines a request handler: an ``async def`` whose first argument is a ``web.Request``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.AsyncFunctionDef) and node.args.args:
+            annotation = node.args.args[0].annotation
+            if annotation is not None and ast.unparse(annotation) in {"web.Request", "Request"}:
+                return True
+    return False
+
+
+def composition_root_importers(root: Path = REPO) -> list[str]:
+    """Modules other than the app factory and request handlers that import the composition root."""
+    return [
+        str(path.relative_to(root))
+        for path in sorted((root / "gateway").rglob("*.py"))
+        if str(path.relative_to(root)) != APP_FACTORY
+        and any(
+            module == COMPOSITION_ROOT or module.startswith(f"{COMPOSITION_ROOT}.") for module in imported_modules(path)
+        )
+        and not serves_requests(path)
+    ]
+
+
 def test_every_package_is_in_the_layer_map() -> None:
     packages = {path.parent.name for path in REPO.glob("*/__init__.py")} - {"tests"}
     assert packages == set(ALLOWED)
@@ -59,6 +90,20 @@ def test_every_package_is_in_the_layer_map() -> None:
 
 def test_no_import_runs_up_the_layers() -> None:
     assert upward_imports() == []
+
+
+def test_only_the_app_factory_and_request_handlers_import_the_composition_root() -> None:
+    assert composition_root_importers() == []
+
+
+def test_the_walk_finds_a_part_that_reaches_into_the_composition_root(tmp_path: Path) -> None:
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "collector.py").write_text("from gateway.state import GATEWAY\n")
+    (tmp_path / "gateway" / "routes.py").write_text(
+        "from aiohttp import web\nfrom gateway.state import GATEWAY\n\n"
+        "async def handle(request: web.Request) -> web.Response:\n    return web.json_response(request.app[GATEWAY])\n"
+    )
+    assert composition_root_importers(tmp_path) == ["gateway/collector.py"]
 
 
 def test_the_walk_finds_upward_imports(tmp_path: Path) -> None:
