@@ -1,7 +1,9 @@
 """Forward one request to one backend and relay its answer, streamed or whole.
 
 A failure before any byte reached the client raises ``UpstreamFailed`` so the caller may retry
-on another replica; once the client has bytes, a failure ends its stream with an SSE error event.
+on another replica; once the client has bytes, a failure ends its stream with an SSE error event,
+and so does a backend stream that ends without ``[DONE]`` (the client would otherwise take a cut
+answer for a whole one).
 Streaming requests always ask the backend for usage (the gateway needs it for metrics and
 calibration) and drop that final chunk again when the client did not ask for it.
 """
@@ -107,16 +109,21 @@ async def _relay_stream(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(client_request)
+    failure: str | None = None
     try:
         await _write_event(call, response, outcome, first)
         async for event in events:
             await _write_event(call, response, outcome, event)
+        if not outcome.completed:
+            failure = "backend stream ended before [DONE]"
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         outcome.client_gone = True
         return response, outcome
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        failure = OpenAIError(502, f"backend stream ended abnormally: {type(exc).__name__}", "upstream_error")
-        await _write_quietly(response, b"data: " + orjson.dumps(failure.body()) + b"\n\n")
+        failure = f"backend stream ended abnormally: {type(exc).__name__}"
+    if failure is not None:
+        error = OpenAIError(502, failure, "upstream_error")
+        await _write_quietly(response, b"data: " + orjson.dumps(error.body()) + b"\n\n")
     await _write_eof_quietly(response)
     return response, outcome
 
