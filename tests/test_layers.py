@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 
 def imported_modules(path: Path) -> set[str]:
     """Absolute module names this file imports (relative imports stay inside their package)."""
-    modules = set()
+    modules: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
