@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -152,7 +153,8 @@ def gateway_event_batches(gateway: ManagedProcess) -> int:
 def gateway_batches_by_backend(gateway: ManagedProcess) -> dict[str, int]:
     reply = http("GET", f"{gateway.url}/dashboard/stats.json")
     assert reply.status == 200, reply.body
-    return {name: counters["received"] for name, counters in reply.json()["prefix_index"]["index"]["kv_events"].items()}
+    stats: Any = reply.json()
+    return {name: counters["received"] for name, counters in stats["prefix_index"]["index"]["kv_events"].items()}
 
 
 def follow_every_engine(gateway: ManagedProcess, processes: list[ManagedProcess], watch: "EventWatch") -> None:
@@ -189,10 +191,10 @@ class EventWatch:
     """The test's own subscription to each engine's KV events: batches published, blocks evicted."""
 
     def __init__(self, endpoints: list[str]) -> None:
-        self._sockets = []
+        self._sockets: list[zmq.Socket] = []
         self._poller = zmq.Poller()
         for endpoint in endpoints:
-            socket = zmq.Context.instance().socket(zmq.SUB)
+            socket: zmq.Socket = zmq.Context.instance().socket(zmq.SUB)
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.connect(endpoint)
