@@ -1,6 +1,8 @@
 """The engine loop in-process with the cost-model runner: streaming, abort, and a failing step."""
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -10,7 +12,7 @@ from engine.llm_engine import EngineError, LLMEngine
 from engine.metrics import EngineMetrics
 from engine.runner_api import SamplingParams, SeqChunk
 from engine.scheduler import Scheduler
-from engine.sim_runner import SIM_PRESETS, SimRunner
+from engine.sim_runner import SIM_PRESETS, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 
 NUM_BLOCKS = 32
@@ -28,9 +30,9 @@ class FailingOnceRunner(SimRunner):
         return super().execute(chunks)
 
 
-def make_engine(runner_type: type[SimRunner] = SimRunner) -> LLMEngine:
+def make_engine(runner_type: type[SimRunner] = SimRunner, costs: SimCosts = SIM_PRESETS["instant"]) -> LLMEngine:
     tokenizer = ChatTokenizer.load("smollm2-135m")
-    runner = runner_type(16, NUM_BLOCKS, SIM_PRESETS["instant"], tokenizer.encode_text(" one two three"))
+    runner = runner_type(16, NUM_BLOCKS, costs, tokenizer.encode_text(" one two three"))
     scheduler = Scheduler(BlockManager(NUM_BLOCKS, 16, "m"), max_num_seqs=4, max_num_batched_tokens=64)
     return LLMEngine(runner, scheduler, tokenizer.tokenizer, EngineMetrics("m", 16, NUM_BLOCKS), check_invariants=True)
 
@@ -65,13 +67,16 @@ def test_concurrent_requests_stream_their_own_text() -> None:
 
 
 def test_closing_the_stream_early_aborts_the_request() -> None:
-    engine = make_engine()
+    """Decode steps of 0.05 s: left running, the request would take 10 s, five times the bound."""
+    engine = make_engine(costs=dataclasses.replace(SIM_PRESETS["instant"], decode_base_s=0.05))
 
     async def scenario() -> None:
         stream = engine.generate(list(range(40)), SamplingParams(max_tokens=200), 256, eos_token_id=None)
         await anext(stream)
         await stream.aclose()
+        deadline = time.monotonic() + 2.0
         while engine.stats()["running"] or engine.stats()["waiting"]:
+            assert time.monotonic() < deadline, f"not aborted: {engine.stats()}"
             await asyncio.sleep(0.01)
 
     run(engine, scenario)
