@@ -45,7 +45,8 @@ async def test_stalled_stream_ends_with_an_error_event_after_the_idle_timeout(ga
     stalled = [(last, seconds) for _, last, seconds in outcomes if last != b"[DONE]"]
     assert len(stalled) == 1, outcomes
     last, seconds = stalled[0]
-    assert last["error"]["type"] == "upstream_error" and TIMEOUT_S <= seconds < TIMEOUT_S + 2
+    assert last["error"]["type"] == "upstream_error" and "TimeoutError" in last["error"]["message"]
+    assert seconds >= TIMEOUT_S, "it waited the idle timeout; the stalled engine would have taken 16 s"
 
 
 @pytest.mark.parametrize("streaming", [False, True])
