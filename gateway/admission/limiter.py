@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from gateway.errors import OpenAIError, too_many_requests
 
@@ -66,9 +67,23 @@ class TenantLimiter(ABC):
     async def stop(self) -> None:
         """End background work and close connections."""
 
+    async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
+        """What the shared store holds for ``tenants`` (for /admin/backends); None when nothing is shared."""
+        return None
+
     def metrics(self) -> Iterator[Metric]:
         """Gauges and counters of the limiter itself, read at scrape time."""
         return iter(())
+
+
+class LimiterCollector(Collector):
+    """Exposes a limiter's own metrics in the gateway's registry."""
+
+    def __init__(self, limiter: TenantLimiter) -> None:
+        self.limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        return self.limiter.metrics()
 
 
 def concurrency_exceeded(tenant: str, in_flight: int, limit: int) -> OpenAIError:

@@ -170,6 +170,20 @@ class RedisLimiter(TenantLimiter):
         except UNAVAILABLE as exc:
             self._went_down(exc)
 
+    async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
+        counts: dict[str, int | None] = {}
+        for tenant in tenants:
+            if tenant.limited:
+                counts[tenant.name] = await self.in_flight(tenant.name) if self.up else None
+        return {
+            "redis": redacted(self.config.redis_url),
+            "up": self.up,
+            "on_unavailable": self.config.on_unavailable,
+            "lease_s": self.config.lease_s,
+            "leases_held": self.leases,
+            "tenants_in_flight": counts,
+        }
+
     async def in_flight(self, tenant: str) -> int | None:
         """The tenant's live leases over every gateway; None while Redis does not answer."""
         try:

@@ -1,0 +1,170 @@
+"""The Redis limiter and its Lua scripts against a real redis-server: two limiters act as two gateways."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as redis
+
+from gateway.admission.config import SharedStateConfig, TenantConfig
+from gateway.admission.redis_limiter import RedisLimiter, TenantKeys
+from gateway.admission.redis_scripts import ADMIT, RENEW, SETTLE
+from gateway.admission.tenants import Tenant, TenantRegistry
+from gateway.errors import OpenAIError
+from tests.procs import free_port
+from tests.redis_server import RedisServer, redis_server
+
+TENANTS = [
+    TenantConfig(name="capped", api_keys=["k1"], max_concurrency=2),
+    TenantConfig(name="metered", api_keys=["k2"], tokens_per_minute=100),
+    TenantConfig(name="paced", api_keys=["k3"], requests_per_minute=3, tokens_per_minute=1000),
+    TenantConfig(name="open", api_keys=["k4"]),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as running:
+        yield running
+
+
+class Gateways:
+    """Limiters with one key prefix, each with its own tenants, as separate gateways have."""
+
+    def __init__(self, url: str, **config: object) -> None:
+        self.config = SharedStateConfig(redis_url=url, key_prefix=f"test-{uuid.uuid4().hex[:8]}", **config)
+        self.limiters: list[RedisLimiter] = []
+
+    async def start(self) -> dict[str, Tenant]:
+        limiter = RedisLimiter(self.config)
+        await limiter.start()
+        self.limiters.append(limiter)
+        return TenantRegistry(TENANTS, limiter=limiter).by_name
+
+    async def stop(self) -> None:
+        for limiter in self.limiters:
+            await limiter.stop()
+
+
+@pytest.fixture
+async def gateways(server: RedisServer) -> AsyncIterator[Gateways]:
+    fleet = Gateways(server.url, lease_s=0.5)
+    yield fleet
+    await fleet.stop()
+
+
+async def refused(tenant: Tenant, tokens: int = 1) -> OpenAIError:
+    with pytest.raises(OpenAIError) as error:
+        async with tenant.admit(tokens):
+            pass
+    return error.value
+
+
+async def test_a_concurrency_cap_holds_across_gateways(gateways: Gateways) -> None:
+    a, b = await gateways.start(), await gateways.start()
+    async with a["capped"].admit(1), b["capped"].admit(1):
+        error = await refused(a["capped"])
+        assert error.status == 429 and error.code == "concurrency_limit_exceeded" and "2 requests" in error.message
+        assert (await refused(b["capped"])).code == "concurrency_limit_exceeded"
+        assert a["capped"].usage.in_flight == 1 and gateways.limiters[0].leases == 1
+    async with b["capped"].admit(1), a["capped"].admit(1):
+        pass
+    assert gateways.limiters[0].leases == 0 and await gateways.limiters[1].in_flight("capped") == 0
+
+
+async def test_token_and_request_budgets_are_global_and_unused_tokens_go_back(gateways: Gateways) -> None:
+    a, b = await gateways.start(), await gateways.start()
+    async with a["metered"].admit(80) as charge:
+        charge.used = 30
+    async with b["metered"].admit(60) as charge:
+        charge.used = 60
+    error = await refused(a["metered"], 60)
+    assert error.code == "tokens_per_minute_exceeded" and int(error.headers["Retry-After"]) >= 1
+    for tenants in (a, b, a):
+        async with tenants["paced"].admit(100):
+            pass
+    error = await refused(b["paced"], 100)
+    assert error.code == "requests_per_minute_exceeded" and 1 <= int(error.headers["Retry-After"]) <= 20
+    async with a["open"].admit(10**9):
+        pass
+
+
+async def test_a_crashed_gateways_slots_expire_while_live_leases_are_renewed(gateways: Gateways) -> None:
+    live, crashed, other = await gateways.start(), await gateways.start(), await gateways.start()
+    async with live["capped"].admit(1):
+        await crashed["capped"].limiter.reserve(crashed["capped"], 1)
+        await gateways.limiters[1].stop()  # no renewal and no settle: as after SIGKILL
+        assert (await refused(other["capped"])).code == "concurrency_limit_exceeded"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                async with other["capped"].admit(1):
+                    break
+            except OpenAIError:
+                assert time.monotonic() < deadline, "the crashed gateway's lease never expired"
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(3 * gateways.config.lease_s)
+        assert await gateways.limiters[2].in_flight("capped") == 1, "the live lease was renewed"
+
+
+async def test_scripts_take_atomically_and_never_renew_a_settled_lease(server: RedisServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    keys = TenantKeys.of(f"test-{uuid.uuid4().hex[:8]}", "t")
+    admit, settle, renew = (client.register_script(source) for source in (ADMIT, SETTLE, RENEW))
+    bucket_keys = [keys.leases, keys.tokens, keys.requests]
+    try:
+        assert await admit(keys=bucket_keys, args=["x", 5000, 1, 90, 100, 0]) == [0, 0]
+        assert 0 < await client.pttl(keys.tokens) <= 61_000, "a bucket key expires once it would be full again"
+        verdict, wait_ms = await admit(keys=bucket_keys, args=["y", 5000, 0, 50, 100, 0])
+        assert verdict == 2 and 23_000 <= wait_ms <= 25_000, "40 tokens missing at 100 per minute"
+        assert await client.zcard(keys.leases) == 1, "a refused request took no slot"
+        assert await admit(keys=bucket_keys, args=["z", 5000, 1, 1, 100, 0]) == [1, 1]
+        await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100])
+        assert await renew(keys=[keys.leases], args=[5000, "x"]) == 0
+        assert await client.zcard(keys.leases) == 0
+        assert await admit(keys=bucket_keys, args=["w", 5000, 1, 100, 100, 0]) == [0, 0], "tokens came back"
+    finally:
+        await client.aclose()
+
+
+async def test_unreachable_redis_at_start_neither_hangs_nor_fails() -> None:
+    config = SharedStateConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0", on_unavailable="reject")
+    limiter = RedisLimiter(config)
+    async with asyncio.timeout(5):
+        await limiter.start()
+        tenants = TenantRegistry(TENANTS, limiter=limiter).by_name
+        error = await refused(tenants["capped"])
+        async with tenants["open"].admit(1):
+            pass
+    await limiter.stop()
+    assert not limiter.up and error.status == 503 and error.code == "shared_state_unavailable"
+    assert limiter.unavailable_admissions == {"local": 0, "reject": 1}
+
+
+async def test_redis_going_away_falls_back_to_local_counts_and_recovers(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path).start()
+    fleet = Gateways(server.url, lease_s=1.0, on_unavailable="local")
+    try:
+        tenants = await fleet.start()
+        limiter = fleet.limiters[0]
+        async with tenants["capped"].admit(1):
+            server.stop()
+            async with asyncio.timeout(5):
+                async with tenants["capped"].admit(1):
+                    assert not limiter.up, "Redis is seen gone"
+                    error = await refused(tenants["capped"])
+        assert error.code == "concurrency_limit_exceeded", "the local fallback still counts this gateway's requests"
+        assert limiter.unavailable_admissions["local"] == 2
+        server.start()
+        deadline = time.monotonic() + 10
+        while not limiter.up:
+            assert time.monotonic() < deadline, "the limiter never saw Redis come back"
+            await asyncio.sleep(0.05)
+        async with tenants["capped"].admit(1):
+            assert limiter.leases == 1 and await limiter.in_flight("capped") == 1
+    finally:
+        await fleet.stop()
+        server.stop()
