@@ -25,9 +25,10 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from gateway.admission.config import SharedStateConfig
 from gateway.admission.limiter import (
@@ -77,12 +78,7 @@ class TenantKeys:
 class RedisLimiter(TenantLimiter):
     def __init__(self, config: SharedStateConfig) -> None:
         self.config = config
-        self.client = redis.Redis.from_url(
-            config.redis_url,
-            socket_timeout=config.timeout_s,
-            socket_connect_timeout=config.timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self.client = _client(config)
         self.local = LocalLimiter()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """Prefix of this gateway's lease ids (which gateway holds a slot is visible in Redis)."""
@@ -262,11 +258,25 @@ class RedisLimiter(TenantLimiter):
                 self._went_down(exc)
 
     async def _renew_all(self) -> None:
+        """Renew every lease this gateway holds; without any, a ping keeps ``up`` true to the facts."""
         leases = list(self._leases.values())
+        if not leases:
+            await self._call(self.client.ping())
         for start in range(0, len(leases), RENEW_BATCH):
             batch = leases[start : start + RENEW_BATCH]
             keys = [lease.keys.leases for lease in batch]
             await self._call(self._renew(keys=keys, args=[self._lease_ms, *(lease.lease_id for lease in batch)]))
+
+
+def _client(config: SharedStateConfig) -> redis.Redis:
+    """A client that waits at most ``timeout_s`` per call, and retries once at once on a broken
+    connection (a pooled one from before a Redis restart), never on a timeout."""
+    return redis.Redis.from_url(
+        config.redis_url,
+        socket_timeout=config.timeout_s,
+        socket_connect_timeout=config.timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
 
 
 def _bucket_keys(keys: TenantKeys) -> list[str]:
