@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench browser clean
+.PHONY: install run test bench browser redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
-test: install browser
+test: install browser redis
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # The dashboard test drives headless Chromium; install it where apt-get can (CI, fresh Debian).
@@ -27,6 +27,13 @@ browser:
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 		|| echo "chromium could not be installed: the dashboard browser test will skip"; \
+	fi
+
+# Shared-limit tests start a real redis-server; install it where apt-get can (they skip without it).
+redis:
+	@if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+		|| echo "redis-server could not be installed: the shared-limit tests will skip"; \
 	fi
 
 bench: install
