@@ -9,7 +9,8 @@ Lua script (``redis_scripts.py``), so gateways never race each other past a cap.
 Redis unreachable (a call fails or exceeds ``timeout_s``): one log line, ``kvgate_shared_state_up``
 drops to 0 and requests are admitted on this gateway's own counts (``on_unavailable: local``) or
 refused with 503 (``reject``) without calling Redis again; the renewal task probes it every second
-and switches back when it answers. A request never waits on Redis longer than about ``timeout_s``.
+with a fresh client and switches back when it answers. A request never waits on Redis longer
+than ``2 x timeout_s`` (see ``redis_store.py``).
 """
 
 import asyncio
@@ -20,15 +21,10 @@ import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import redis.asyncio as redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from gateway.admission.config import SharedStateConfig
 from gateway.admission.limiter import (
@@ -39,7 +35,7 @@ from gateway.admission.limiter import (
     tokens_exceeded,
 )
 from gateway.admission.local_limiter import LocalLimiter
-from gateway.admission.redis_scripts import ADMIT, IN_FLIGHT, RENEW, SETTLE
+from gateway.admission.redis_store import UNAVAILABLE, RedisStore
 from gateway.errors import OpenAIError
 
 if TYPE_CHECKING:
@@ -47,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgate.shared_state")
 
-UNAVAILABLE = (RedisError, OSError, TimeoutError)
-"""What a Redis call raises when the server is down, unreachable, slow or restarting."""
 PROBE_INTERVAL_S = 1.0
 RENEW_BATCH = 256
 """Leases renewed per script call (Lua's argument stack is bounded)."""
@@ -78,7 +72,7 @@ class TenantKeys:
 class RedisLimiter(TenantLimiter):
     def __init__(self, config: SharedStateConfig) -> None:
         self.config = config
-        self.client = _client(config)
+        self.store = RedisStore(config)
         self.local = LocalLimiter()
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         """Prefix of this gateway's lease ids (which gateway holds a slot is visible in Redis)."""
@@ -87,10 +81,6 @@ class RedisLimiter(TenantLimiter):
         self.errors = 0
         self._sequence = itertools.count()
         self._leases: dict[str, Lease] = {}
-        self._admit = self.client.register_script(ADMIT)
-        self._settle = self.client.register_script(SETTLE)
-        self._renew = self.client.register_script(RENEW)
-        self._in_flight = self.client.register_script(IN_FLIGHT)
         self._maintainer: asyncio.Task | None = None
 
     @property
@@ -103,7 +93,7 @@ class RedisLimiter(TenantLimiter):
 
     async def start(self) -> None:
         try:
-            await self._call(self.client.ping())
+            await self.store.ping()
             log.info("shared state at %s: tenant limits are global", redacted(self.config.redis_url))
         except UNAVAILABLE as exc:
             self._went_down(exc)
@@ -113,7 +103,7 @@ class RedisLimiter(TenantLimiter):
         if self._maintainer is not None:
             self._maintainer.cancel()
             await asyncio.gather(self._maintainer, return_exceptions=True)
-        await self.client.aclose()
+        await self.store.close()
 
     async def reserve(self, tenant: "Tenant", tokens: int) -> Reservation:
         if not tenant.limited or tenant.config is None:
@@ -137,7 +127,7 @@ class RedisLimiter(TenantLimiter):
             config.requests_per_minute or 0,
         ]
         try:
-            verdict, detail = await self._call(self._admit(keys=_bucket_keys(lease.keys), args=args))
+            verdict, detail = await self.store.call(self.store.admit(keys=_bucket_keys(lease.keys), args=args))
         except UNAVAILABLE as exc:
             self._went_down(exc)
             return self._without_redis(tenant, tokens)
@@ -162,7 +152,7 @@ class RedisLimiter(TenantLimiter):
         keys = reservation.keys
         args: list[str | int] = [reservation.lease_id, unused_tokens, reservation.tokens_per_minute]
         try:
-            await self._call(self._settle(keys=[keys.leases, keys.tokens], args=args))
+            await self.store.call(self.store.settle(keys=[keys.leases, keys.tokens], args=args))
         except UNAVAILABLE as exc:
             self._went_down(exc)
 
@@ -183,7 +173,7 @@ class RedisLimiter(TenantLimiter):
     async def in_flight(self, tenant: str) -> int | None:
         """The tenant's live leases over every gateway; None while Redis does not answer."""
         try:
-            return int(await self._call(self._in_flight(keys=[self.keys(tenant).leases])))
+            return int(await self.store.call(self.store.in_flight(keys=[self.keys(tenant).leases])))
         except UNAVAILABLE as exc:
             self._went_down(exc)
             return None
@@ -224,11 +214,6 @@ class RedisLimiter(TenantLimiter):
             )
         return self.local.reserve_now(tenant, tokens)
 
-    async def _call(self, pending: Any) -> Any:
-        """Await one Redis call, bounded even if the socket timeouts do not fire (e.g. a stopped server)."""
-        async with asyncio.timeout(self.config.timeout_s * 2):
-            return await pending
-
     def _went_down(self, exc: BaseException) -> None:
         self.errors += 1
         if self.up:
@@ -251,32 +236,24 @@ class RedisLimiter(TenantLimiter):
                 if self.up:
                     await self._renew_all()
                 else:
-                    await self._call(self.client.ping())
+                    await self.store.ping()
                     self.up = True
                     log.warning("shared state at %s answers again: limits are global", redacted(self.config.redis_url))
             except UNAVAILABLE as exc:
                 self._went_down(exc)
+                self.store.reopen()
 
     async def _renew_all(self) -> None:
         """Renew every lease this gateway holds; without any, a ping keeps ``up`` true to the facts."""
         leases = list(self._leases.values())
         if not leases:
-            await self._call(self.client.ping())
+            await self.store.ping()
         for start in range(0, len(leases), RENEW_BATCH):
             batch = leases[start : start + RENEW_BATCH]
             keys = [lease.keys.leases for lease in batch]
-            await self._call(self._renew(keys=keys, args=[self._lease_ms, *(lease.lease_id for lease in batch)]))
-
-
-def _client(config: SharedStateConfig) -> redis.Redis:
-    """A client that waits at most ``timeout_s`` per call, and retries once at once on a broken
-    connection (a pooled one from before a Redis restart), never on a timeout."""
-    return redis.Redis.from_url(
-        config.redis_url,
-        socket_timeout=config.timeout_s,
-        socket_connect_timeout=config.timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-    )
+            await self.store.call(
+                self.store.renew(keys=keys, args=[self._lease_ms, *(lease.lease_id for lease in batch)])
+            )
 
 
 def _bucket_keys(keys: TenantKeys) -> list[str]:
