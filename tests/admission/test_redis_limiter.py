@@ -10,10 +10,13 @@ import pytest
 import redis.asyncio as redis
 
 from gateway.admission.config import SharedStateConfig, TenantConfig
-from gateway.admission.redis_limiter import RedisLimiter, TenantKeys
+from gateway.admission.local_limiter import LocalLimiter
+from gateway.admission.redis_limiter import RedisLimiter, TenantKeys, redacted
 from gateway.admission.redis_scripts import ADMIT, RENEW, SETTLE
 from gateway.admission.tenants import Tenant, TenantRegistry
+from gateway.config import ConfigError, parse_config
 from gateway.errors import OpenAIError
+from gateway.state import tenant_limiter
 from tests.procs import free_port
 from tests.redis_server import RedisServer, redis_server
 
@@ -168,3 +171,16 @@ async def test_redis_going_away_falls_back_to_local_counts_and_recovers(tmp_path
     finally:
         await fleet.stop()
         server.stop()
+
+
+def test_shared_state_config_is_checked_and_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config({}, "default").shared_state is None, "no Redis unless configured"
+    assert isinstance(tenant_limiter(parse_config({}, "default")), LocalLimiter)
+    monkeypatch.setenv("KVGATE_TEST_REDIS", "redis://:secret@10.0.0.5:6379/2")
+    config = parse_config({"shared_state": {"redis_url": "${ENV:KVGATE_TEST_REDIS}"}}, "env")
+    assert config.shared_state is not None and config.shared_state.on_unavailable == "local"
+    assert redacted(config.shared_state.redis_url) == "redis://10.0.0.5:6379/2"
+    with pytest.raises(ConfigError, match=r"shared_state.redis_url: .*redis://"):
+        parse_config({"shared_state": {"redis_url": "http://10.0.0.5:6379"}}, "bad")
+    with pytest.raises(ConfigError, match=r"shared_state.on_unavailable"):
+        parse_config({"shared_state": {"redis_url": "redis://h:1/0", "on_unavailable": "ignore"}}, "bad")
