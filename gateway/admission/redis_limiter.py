@@ -46,6 +46,8 @@ log = logging.getLogger("kvgate.shared_state")
 PROBE_INTERVAL_S = 1.0
 RENEW_BATCH = 256
 """Leases renewed per script call (Lua's argument stack is bounded)."""
+MAX_UNSETTLED = 10_000
+"""Leases remembered for settling once Redis is back; beyond that the oldest are left to expire."""
 
 
 @dataclass
@@ -79,8 +81,13 @@ class RedisLimiter(TenantLimiter):
         self.up = True
         self.unavailable_admissions = {"local": 0, "reject": 0}
         self.errors = 0
+        self.last_error = ""
+        """The latest failed call, as ``Type: message`` (in /admin/backends)."""
         self._sequence = itertools.count()
         self._leases: dict[str, Lease] = {}
+        self._unsettled: dict[str, tuple[Lease, int]] = {}
+        """Leases to settle when Redis answers again, with their unused tokens: requests that ended
+        while it was away, and admissions whose answer never came (the script may still have run)."""
         self._maintainer: asyncio.Task | None = None
 
     @property
@@ -130,6 +137,7 @@ class RedisLimiter(TenantLimiter):
             verdict, detail = await self.store.call(self.store.admit(keys=_bucket_keys(lease.keys), args=args))
         except UNAVAILABLE as exc:
             self._went_down(exc)
+            self._settle_later(lease, tokens)
             return self._without_redis(tenant, tokens)
         if verdict == 1:
             raise concurrency_exceeded(tenant.name, detail, config.max_concurrency or 0)
@@ -148,13 +156,28 @@ class RedisLimiter(TenantLimiter):
         reservation.tenant.usage.in_flight -= 1
         self._leases.pop(reservation.lease_id, None)
         if not self.up:
+            self._settle_later(reservation, unused_tokens)
             return
-        keys = reservation.keys
-        args: list[str | int] = [reservation.lease_id, unused_tokens, reservation.tokens_per_minute]
         try:
-            await self.store.call(self.store.settle(keys=[keys.leases, keys.tokens], args=args))
+            await self._settle_in_redis(reservation, unused_tokens)
         except UNAVAILABLE as exc:
             self._went_down(exc)
+            self._settle_later(reservation, unused_tokens)
+
+    async def _settle_in_redis(self, lease: Lease, unused_tokens: int) -> None:
+        args: list[str | int] = [lease.lease_id, unused_tokens, lease.tokens_per_minute]
+        await self.store.call(self.store.settle(keys=[lease.keys.leases, lease.keys.tokens], args=args))
+
+    def _settle_later(self, lease: Lease, unused_tokens: int) -> None:
+        self._unsettled[lease.lease_id] = (lease, unused_tokens)
+        if len(self._unsettled) > MAX_UNSETTLED:
+            del self._unsettled[next(iter(self._unsettled))]
+
+    async def _settle_unsettled(self) -> None:
+        """Settle what ended while Redis was away, so its slots come back at once rather than at expiry."""
+        for lease_id, (lease, unused_tokens) in list(self._unsettled.items()):
+            await self._settle_in_redis(lease, unused_tokens)
+            del self._unsettled[lease_id]
 
     async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
         counts: dict[str, int | None] = {}
@@ -167,6 +190,7 @@ class RedisLimiter(TenantLimiter):
             "on_unavailable": self.config.on_unavailable,
             "lease_s": self.config.lease_s,
             "leases_held": self.leases,
+            "last_error": self.last_error,
             "tenants_in_flight": counts,
         }
 
@@ -216,6 +240,7 @@ class RedisLimiter(TenantLimiter):
 
     def _went_down(self, exc: BaseException) -> None:
         self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
         if self.up:
             self.up = False
             action = "this gateway's own counts" if self.config.on_unavailable == "local" else "503 for capped tenants"
@@ -237,6 +262,7 @@ class RedisLimiter(TenantLimiter):
                     await self._renew_all()
                 else:
                     await self.store.ping()
+                    await self._settle_unsettled()
                     self.up = True
                     log.warning("shared state at %s answers again: limits are global", redacted(self.config.redis_url))
             except UNAVAILABLE as exc:

@@ -81,14 +81,16 @@ SETTLE = (
     + _BUCKET
     + """
 -- KEYS: leases, tokens. ARGV: lease id, unused tokens, tokens per minute (0 = no cap).
-redis.call('ZREM', KEYS[1], ARGV[1])
+-- Unused tokens go back only while the lease exists (an expired or unknown lease took nothing
+-- this call can vouch for). Returns 1 when the lease was there.
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local unused = tonumber(ARGV[2])
 local tokens_per_minute = tonumber(ARGV[3])
-if unused > 0 and tokens_per_minute > 0 then
+if removed == 1 and unused > 0 and tokens_per_minute > 0 then
   local level = bucket_level(KEYS[2], tokens_per_minute)
   bucket_store(KEYS[2], tokens_per_minute, math.min(tokens_per_minute, level + unused))
 end
-return 0
+return removed
 """
 )
 

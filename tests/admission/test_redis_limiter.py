@@ -1,6 +1,8 @@
 """The Redis limiter and its Lua scripts against a real redis-server: two limiters act as two gateways."""
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -184,3 +186,30 @@ def test_shared_state_config_is_checked_and_optional(monkeypatch: pytest.MonkeyP
         parse_config({"shared_state": {"redis_url": "http://10.0.0.5:6379"}}, "bad")
     with pytest.raises(ConfigError, match=r"shared_state.on_unavailable"):
         parse_config({"shared_state": {"redis_url": "redis://h:1/0", "on_unavailable": "ignore"}}, "bad")
+
+
+async def test_a_frozen_redis_never_holds_a_request(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path).start()
+    fleet = Gateways(server.url, lease_s=1.0, timeout_s=0.1, on_unavailable="reject")
+    assert server.proc is not None
+    try:
+        tenants = await fleet.start()
+        limiter = fleet.limiters[0]
+        async with tenants["capped"].admit(1):
+            os.kill(server.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+            try:
+                async with asyncio.timeout(5):
+                    error = await refused(tenants["capped"])
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+        assert error.code == "shared_state_unavailable" and not limiter.up
+        assert "TimeoutError" in limiter.last_error
+        deadline = time.monotonic() + 10
+        while not limiter.up:
+            assert time.monotonic() < deadline, "the limiter never saw Redis thaw"
+            await asyncio.sleep(0.05)
+        async with tenants["capped"].admit(1):
+            assert limiter.leases == 1
+    finally:
+        await fleet.stop()
+        server.stop()
