@@ -127,7 +127,8 @@ async def test_scripts_take_atomically_and_never_renew_a_settled_lease(server: R
         assert verdict == 2 and 23_000 <= wait_ms <= 25_000, "40 tokens missing at 100 per minute"
         assert await client.zcard(keys.leases) == 1, "a refused request took no slot"
         assert await admit(keys=bucket_keys, args=["z", 5000, 1, 1, 100, 0]) == [1, 1]
-        await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100])
+        assert await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100]) == 1
+        assert await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100]) == 0, "settled once only"
         assert await renew(keys=[keys.leases], args=[5000, "x"]) == 0
         assert await client.zcard(keys.leases) == 0
         assert await admit(keys=bucket_keys, args=["w", 5000, 1, 100, 100, 0]) == [0, 0], "tokens came back"
