@@ -1,4 +1,4 @@
-"""What shared limits cost per request: admit + settle through the local limiter vs through Redis.
+"""What shared limits cost per request: a slot and a charge, taken and given back, in process vs through Redis.
 
 Starts its own redis-server on a free loopback port. A capped tenant (concurrency, tokens and
 requests per minute, budgets large enough never to refuse) is admitted and settled ``--requests``

@@ -1,10 +1,12 @@
 """Where a tenant's caps are counted: one interface, in this process or in Redis shared by every gateway.
 
-A request reserves one concurrency slot, one request of ``requests_per_minute`` and
-``prompt + max_tokens`` tokens of ``tokens_per_minute`` up front, all or nothing (429 otherwise);
-when it ends it settles: the slot is freed and the tokens it did not use (``charge.used``) go back.
-The dispatcher sees only ``TenantLimiter.admit``; which implementation counts is the config's
-choice (``shared_state``), made once in the gateway's composition root.
+A request holds two things, each taken all or nothing (429 otherwise) and given back when done:
+- a **slot**: one of the tenant's ``max_concurrency`` concurrent requests, and one request of its
+  ``requests_per_minute`` (``hold_slot``, which needs no tokenization, so it can come first);
+- a **charge**: ``prompt + max_tokens`` tokens of its ``tokens_per_minute``, reserved up front; the
+  tokens it did not use (``charge.used``, set by the dispatcher) go back when it ends (``charge``).
+``admit`` takes both. Callers see only these context managers; which implementation counts is
+the config's choice (``shared_state``), made once in the gateway's composition root.
 """
 
 import math
@@ -33,31 +35,63 @@ class TokenCharge:
 
 
 @dataclass
-class Reservation:
-    """What one admitted request holds; each limiter keeps what it needs to settle it."""
+class Slot:
+    """A request's place among its tenant's concurrent requests; each limiter adds what it needs to free it."""
 
     tenant: "Tenant"
-    tokens: int
+
+
+@dataclass
+class Tokens:
+    """Tokens taken from a tenant's per-minute budget; each limiter adds where they came from."""
+
+    tenant: "Tenant"
+    count: int
 
 
 class TenantLimiter(ABC):
     @asynccontextmanager
     async def admit(self, tenant: "Tenant", tokens: int) -> AsyncIterator[TokenCharge]:
-        """Hold one of the tenant's slots, one request and ``tokens`` of its budget, or raise 429/503."""
-        reservation = await self.reserve(tenant, tokens)
+        """A slot and ``tokens`` of the budget, or raise 429/503."""
+        async with self.hold_slot(tenant), self.charge(tenant, tokens) as charge:
+            yield charge
+
+    @asynccontextmanager
+    async def hold_slot(self, tenant: "Tenant") -> AsyncIterator[None]:
+        """One of the tenant's concurrent slots and one request of its per-minute budget, or raise 429/503."""
+        slot = await self.take_slot(tenant)
+        try:
+            yield
+        finally:
+            await self.free_slot(slot)
+
+    @asynccontextmanager
+    async def charge(self, tenant: "Tenant", tokens: int) -> AsyncIterator[TokenCharge]:
+        """``tokens`` of the tenant's per-minute budget, or raise 429/503; the unused part goes back."""
+        taken = await self.take_tokens(tenant, tokens)
         charge = TokenCharge(tokens)
         try:
             yield charge
         finally:
-            await self.settle(reservation, max(tokens - charge.used, 0))
+            unused = tokens - charge.used
+            if unused > 0:
+                await self.give_back(taken, unused)
 
     @abstractmethod
-    async def reserve(self, tenant: "Tenant", tokens: int) -> Reservation:
-        """Take everything the request needs at once, or nothing and raise an OpenAIError."""
+    async def take_slot(self, tenant: "Tenant") -> Slot:
+        """Take a slot (and a request), or nothing and raise an OpenAIError."""
 
     @abstractmethod
-    async def settle(self, reservation: Reservation, unused_tokens: int) -> None:
-        """Free the request's slot and give ``unused_tokens`` back; never raises."""
+    async def free_slot(self, slot: Slot) -> None:
+        """Free the slot; never raises."""
+
+    @abstractmethod
+    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+        """Take ``tokens`` of the budget, or nothing and raise an OpenAIError."""
+
+    @abstractmethod
+    async def give_back(self, taken: Tokens, unused: int) -> None:
+        """Return ``unused`` of the tokens taken; never raises."""
 
     @abstractmethod
     async def start(self) -> None:

@@ -3,8 +3,9 @@
 from typing import TYPE_CHECKING
 
 from gateway.admission.limiter import (
-    Reservation,
+    Slot,
     TenantLimiter,
+    Tokens,
     concurrency_exceeded,
     requests_exceeded,
     tokens_exceeded,
@@ -23,32 +24,42 @@ class LocalLimiter(TenantLimiter):
     async def stop(self) -> None:
         return None
 
-    async def reserve(self, tenant: "Tenant", tokens: int) -> Reservation:
-        return self.reserve_now(tenant, tokens)
+    async def take_slot(self, tenant: "Tenant") -> Slot:
+        return self.take_slot_now(tenant)
 
-    async def settle(self, reservation: Reservation, unused_tokens: int) -> None:
-        self.settle_now(reservation, unused_tokens)
+    async def free_slot(self, slot: Slot) -> None:
+        self.free_slot_now(slot)
 
-    def reserve_now(self, tenant: "Tenant", tokens: int) -> Reservation:
+    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+        return self.take_tokens_now(tenant, tokens)
+
+    async def give_back(self, taken: Tokens, unused: int) -> None:
+        self.give_back_now(taken, unused)
+
+    def take_slot_now(self, tenant: "Tenant") -> Slot:
         config, usage = tenant.config, tenant.usage
         limit = config.max_concurrency if config else None
         if limit is not None and usage.in_flight >= limit:
             raise concurrency_exceeded(tenant.name, usage.in_flight, limit)
-        tokens_wait = usage.tokens.wait_s(tokens) if usage.tokens else 0.0
-        if usage.tokens and tokens_wait > 0:
-            raise tokens_exceeded(tenant.name, usage.tokens.per_minute, tokens, tokens_wait)
-        requests_wait = usage.requests.wait_s(1) if usage.requests else 0.0
-        if usage.requests and requests_wait > 0:
-            raise requests_exceeded(tenant.name, usage.requests.per_minute, requests_wait)
-        if usage.tokens:
-            usage.tokens.take(tokens)
-        if usage.requests:
-            usage.requests.take(1)
+        if usage.requests is not None:
+            wait_s = usage.requests.try_take(1)
+            if wait_s > 0:
+                raise requests_exceeded(tenant.name, usage.requests.per_minute, wait_s)
         usage.in_flight += 1
-        return Reservation(tenant, tokens)
+        return Slot(tenant)
 
-    def settle_now(self, reservation: Reservation, unused_tokens: int) -> None:
-        usage = reservation.tenant.usage
-        usage.in_flight -= 1
-        if usage.tokens is not None and unused_tokens > 0:
-            usage.tokens.give_back(unused_tokens)
+    def free_slot_now(self, slot: Slot) -> None:
+        slot.tenant.usage.in_flight -= 1
+
+    def take_tokens_now(self, tenant: "Tenant", tokens: int) -> Tokens:
+        bucket = tenant.usage.tokens
+        if bucket is not None:
+            wait_s = bucket.try_take(tokens)
+            if wait_s > 0:
+                raise tokens_exceeded(tenant.name, bucket.per_minute, tokens, wait_s)
+        return Tokens(tenant, tokens)
+
+    def give_back_now(self, taken: Tokens, unused: int) -> None:
+        bucket = taken.tenant.usage.tokens
+        if bucket is not None:
+            bucket.give_back(unused)

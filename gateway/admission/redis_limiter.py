@@ -1,10 +1,10 @@
 """Tenant caps counted in one Redis shared by every gateway: concurrency leases and per-minute buckets.
 
-Each admitted request holds a lease (a member of the tenant's ``leases`` set) that expires
+Each request's slot is a lease (a member of the tenant's ``leases`` set) that expires
 ``lease_s`` after its gateway last renewed it; a background task renews this gateway's leases
 about three times per ``lease_s`` while the requests are in flight, so the slots of a gateway
-killed with SIGKILL come back within ``lease_s``. All checks and takes of one request happen in one
-Lua script (``redis_scripts.py``), so gateways never race each other past a cap.
+killed with SIGKILL come back within ``lease_s``. Each check-and-take is one Lua script
+(``redis_scripts.py``), so gateways never race each other past a cap.
 
 Redis unreachable (a call fails or exceeds ``timeout_s``): one log line, ``kvgate_shared_state_up``
 drops to 0 and requests are admitted on this gateway's own counts (``on_unavailable: local``) or
@@ -19,17 +19,18 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.admission.config import SharedStateConfig
 from gateway.admission.limiter import (
-    Reservation,
+    Slot,
     TenantLimiter,
+    Tokens,
     concurrency_exceeded,
     requests_exceeded,
     tokens_exceeded,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvgate.shared_state")
 
+Held = TypeVar("Held", Slot, Tokens)
+
 PROBE_INTERVAL_S = 1.0
 RENEW_BATCH = 256
 """Leases renewed per script call (Lua's argument stack is bounded)."""
@@ -51,12 +54,19 @@ MAX_UNSETTLED = 10_000
 
 
 @dataclass
-class Lease(Reservation):
-    """A request admitted through Redis: its lease id and the keys to settle it with."""
+class Lease(Slot):
+    """A slot held in Redis: its lease id and the tenant's keys."""
 
     lease_id: str
     keys: "TenantKeys"
-    tokens_per_minute: int
+
+
+@dataclass
+class SharedTokens(Tokens):
+    """Tokens taken from the tenant's bucket in Redis (not from this gateway's)."""
+
+    key: str
+    per_minute: int
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,9 @@ class RedisLimiter(TenantLimiter):
         """The latest failed call, as ``Type: message`` (in /admin/backends)."""
         self._sequence = itertools.count()
         self._leases: dict[str, Lease] = {}
-        self._unsettled: dict[str, tuple[Lease, int]] = {}
-        """Leases to settle when Redis answers again, with their unused tokens: requests that ended
-        while it was away, and admissions whose answer never came (the script may still have run)."""
+        self._to_free: dict[str, Lease] = {}
+        """Leases to free when Redis answers again: of requests that ended while it was away, and of
+        takes whose answer never came (the script may still have run)."""
         self._maintainer: asyncio.Task | None = None
 
     @property
@@ -112,72 +122,93 @@ class RedisLimiter(TenantLimiter):
             await asyncio.gather(self._maintainer, return_exceptions=True)
         await self.store.close()
 
-    async def reserve(self, tenant: "Tenant", tokens: int) -> Reservation:
-        if not tenant.limited or tenant.config is None:
-            return self.local.reserve_now(tenant, tokens)
-        if not self.up:
-            return self._without_redis(tenant, tokens)
+    async def take_slot(self, tenant: "Tenant") -> Slot:
         config = tenant.config
-        lease = Lease(
-            tenant,
-            tokens,
-            f"{self.instance}:{next(self._sequence)}",
-            self.keys(tenant.name),
-            config.tokens_per_minute or 0,
-        )
+        if config is None or (config.max_concurrency is None and config.requests_per_minute is None):
+            return self.local.take_slot_now(tenant)
+        if not self.up:
+            return self._without_redis(lambda: self.local.take_slot_now(tenant))
+        lease = Lease(tenant, f"{self.instance}:{next(self._sequence)}", self.keys(tenant.name))
         args: list[str | int] = [
             lease.lease_id,
             self._lease_ms,
             config.max_concurrency or 0,
-            tokens,
-            config.tokens_per_minute or 0,
             config.requests_per_minute or 0,
         ]
         try:
-            verdict, detail = await self.store.call(self.store.admit(keys=_bucket_keys(lease.keys), args=args))
+            verdict, detail = await self.store.call(
+                self.store.take_slot(keys=[lease.keys.leases, lease.keys.requests], args=args)
+            )
         except UNAVAILABLE as exc:
             self._went_down(exc)
-            self._settle_later(lease, tokens)
-            return self._without_redis(tenant, tokens)
+            self._free_later(lease)
+            return self._without_redis(lambda: self.local.take_slot_now(tenant))
         if verdict == 1:
             raise concurrency_exceeded(tenant.name, detail, config.max_concurrency or 0)
-        if verdict == 2:
-            raise tokens_exceeded(tenant.name, config.tokens_per_minute or 0, tokens, detail / 1000)
         if verdict == 3:
             raise requests_exceeded(tenant.name, config.requests_per_minute or 0, detail / 1000)
         tenant.usage.in_flight += 1
         self._leases[lease.lease_id] = lease
         return lease
 
-    async def settle(self, reservation: Reservation, unused_tokens: int) -> None:
-        if not isinstance(reservation, Lease):
-            self.local.settle_now(reservation, unused_tokens)
+    async def free_slot(self, slot: Slot) -> None:
+        if not isinstance(slot, Lease):
+            self.local.free_slot_now(slot)
             return
-        reservation.tenant.usage.in_flight -= 1
-        self._leases.pop(reservation.lease_id, None)
+        slot.tenant.usage.in_flight -= 1
+        self._leases.pop(slot.lease_id, None)
         if not self.up:
-            self._settle_later(reservation, unused_tokens)
+            self._free_later(slot)
             return
         try:
-            await self._settle_in_redis(reservation, unused_tokens)
+            await self._free_in_redis(slot)
         except UNAVAILABLE as exc:
             self._went_down(exc)
-            self._settle_later(reservation, unused_tokens)
+            self._free_later(slot)
 
-    async def _settle_in_redis(self, lease: Lease, unused_tokens: int) -> None:
-        args: list[str | int] = [lease.lease_id, unused_tokens, lease.tokens_per_minute]
-        await self.store.call(self.store.settle(keys=[lease.keys.leases, lease.keys.tokens], args=args))
+    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+        per_minute = tenant.config.tokens_per_minute if tenant.config else None
+        if per_minute is None:
+            return Tokens(tenant, tokens)
+        if not self.up:
+            return self._without_redis(lambda: self.local.take_tokens_now(tenant, tokens))
+        taken = SharedTokens(tenant, tokens, self.keys(tenant.name).tokens, per_minute)
+        try:
+            verdict, wait_ms = await self.store.call(
+                self.store.take_tokens(keys=[taken.key], args=[tokens, per_minute])
+            )
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            return self._without_redis(lambda: self.local.take_tokens_now(tenant, tokens))
+        if verdict == 2:
+            raise tokens_exceeded(tenant.name, per_minute, tokens, wait_ms / 1000)
+        return taken
 
-    def _settle_later(self, lease: Lease, unused_tokens: int) -> None:
-        self._unsettled[lease.lease_id] = (lease, unused_tokens)
-        if len(self._unsettled) > MAX_UNSETTLED:
-            del self._unsettled[next(iter(self._unsettled))]
+    async def give_back(self, taken: Tokens, unused: int) -> None:
+        """Unused tokens go back where they were taken; while Redis is away, Redis's stay spent."""
+        if not isinstance(taken, SharedTokens):
+            self.local.give_back_now(taken, unused)
+            return
+        if not self.up:
+            return
+        try:
+            await self.store.call(self.store.give_back(keys=[taken.key], args=[unused, taken.per_minute]))
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
 
-    async def _settle_unsettled(self) -> None:
-        """Settle what ended while Redis was away, so its slots come back at once rather than at expiry."""
-        for lease_id, (lease, unused_tokens) in list(self._unsettled.items()):
-            await self._settle_in_redis(lease, unused_tokens)
-            del self._unsettled[lease_id]
+    async def _free_in_redis(self, lease: Lease) -> None:
+        await self.store.call(self.store.free_slot(keys=[lease.keys.leases], args=[lease.lease_id]))
+
+    def _free_later(self, lease: Lease) -> None:
+        self._to_free[lease.lease_id] = lease
+        if len(self._to_free) > MAX_UNSETTLED:
+            del self._to_free[next(iter(self._to_free))]
+
+    async def _free_pending(self) -> None:
+        """Free what ended while Redis was away, so its slots come back at once rather than at expiry."""
+        for lease_id, lease in list(self._to_free.items()):
+            await self._free_in_redis(lease)
+            del self._to_free[lease_id]
 
     async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
         counts: dict[str, int | None] = {}
@@ -225,7 +256,8 @@ class RedisLimiter(TenantLimiter):
     def _lease_ms(self) -> int:
         return round(self.config.lease_s * 1000)
 
-    def _without_redis(self, tenant: "Tenant", tokens: int) -> Reservation:
+    def _without_redis(self, local: Callable[[], Held]) -> Held:
+        """What ``on_unavailable`` says: ``local()``, this gateway's own count, or 503."""
         action = self.config.on_unavailable
         self.unavailable_admissions[action] += 1
         if action == "reject":
@@ -236,7 +268,7 @@ class RedisLimiter(TenantLimiter):
                 code="shared_state_unavailable",
                 headers={"Retry-After": "1"},
             )
-        return self.local.reserve_now(tenant, tokens)
+        return local()
 
     def _went_down(self, exc: BaseException) -> None:
         self.errors += 1
@@ -262,7 +294,7 @@ class RedisLimiter(TenantLimiter):
                     await self._renew_all()
                 else:
                     await self.store.ping()
-                    await self._settle_unsettled()
+                    await self._free_pending()
                     self.up = True
                     log.warning("shared state at %s answers again: limits are global", redacted(self.config.redis_url))
             except UNAVAILABLE as exc:
@@ -280,10 +312,6 @@ class RedisLimiter(TenantLimiter):
             await self.store.call(
                 self.store.renew(keys=keys, args=[self._lease_ms, *(lease.lease_id for lease in batch)])
             )
-
-
-def _bucket_keys(keys: TenantKeys) -> list[str]:
-    return [keys.leases, keys.tokens, keys.requests]
 
 
 def redacted(url: str) -> str:

@@ -1,6 +1,6 @@
 """The Lua scripts that count tenant caps in Redis; each runs atomically on the server, on the server's clock.
 
-Keys of one tenant (they share a hash tag, so one script touches one slot):
+Keys of one tenant (they share a hash tag, so they would sit in one Redis Cluster hash slot):
 - ``leases``: a sorted set of in-flight requests, member = lease id, score = expiry (ms, Redis TIME).
   Expired members are pruned before every count, so a crashed gateway's slots come back by themselves.
 - ``tokens`` / ``requests``: hashes ``{level, updated}``, token buckets of one minute's worth that
@@ -36,61 +36,62 @@ local function expire_with_last_lease(key)
 end
 """
 
-ADMIT = (
+TAKE_SLOT = (
     _CLOCK
     + _BUCKET
     + _EXPIRE_WITH_LAST_LEASE
     + """
--- KEYS: leases, tokens, requests. ARGV: lease id, lease ms, max concurrency, tokens,
--- tokens per minute, requests per minute (0 = no cap).
--- Returns {0, 0} admitted; {1, in flight} over concurrency; {2, wait ms} over tokens; {3, wait ms} over requests.
+-- KEYS: leases, requests. ARGV: lease id, lease ms, max concurrency, requests per minute (0 = no cap).
+-- Returns {0, 0} taken; {1, in flight} over concurrency; {3, wait ms} over requests per minute.
 local lease_ms = tonumber(ARGV[2])
 local max_concurrency = tonumber(ARGV[3])
-local tokens = tonumber(ARGV[4])
-local tokens_per_minute = tonumber(ARGV[5])
-local requests_per_minute = tonumber(ARGV[6])
+local requests_per_minute = tonumber(ARGV[4])
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if max_concurrency > 0 then
   local in_flight = redis.call('ZCARD', KEYS[1])
   if in_flight >= max_concurrency then return {1, in_flight} end
 end
-local token_level = 0
-if tokens_per_minute > 0 then
-  token_level = bucket_level(KEYS[2], tokens_per_minute)
-  local needed = math.min(tokens, tokens_per_minute)
-  if token_level < needed then
-    return {2, math.ceil((needed - token_level) * 60000 / tokens_per_minute)}
-  end
-end
-local request_level = 0
 if requests_per_minute > 0 then
-  request_level = bucket_level(KEYS[3], requests_per_minute)
-  if request_level < 1 then return {3, math.ceil((1 - request_level) * 60000 / requests_per_minute)} end
+  local level = bucket_level(KEYS[2], requests_per_minute)
+  if level < 1 then return {3, math.ceil((1 - level) * 60000 / requests_per_minute)} end
+  bucket_store(KEYS[2], requests_per_minute, level - 1)
 end
-if tokens_per_minute > 0 then bucket_store(KEYS[2], tokens_per_minute, token_level - tokens) end
-if requests_per_minute > 0 then bucket_store(KEYS[3], requests_per_minute, request_level - 1) end
 redis.call('ZADD', KEYS[1], now + lease_ms, ARGV[1])
 expire_with_last_lease(KEYS[1])
 return {0, 0}
 """
 )
 
-SETTLE = (
+FREE_SLOT = """
+-- KEYS: leases. ARGV: lease id. Returns 1 when the lease was there (0: expired or already freed).
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+TAKE_TOKENS = (
     _CLOCK
     + _BUCKET
     + """
--- KEYS: leases, tokens. ARGV: lease id, unused tokens, tokens per minute (0 = no cap).
--- Unused tokens go back only while the lease exists (an expired or unknown lease took nothing
--- this call can vouch for). Returns 1 when the lease was there.
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-local unused = tonumber(ARGV[2])
-local tokens_per_minute = tonumber(ARGV[3])
-if removed == 1 and unused > 0 and tokens_per_minute > 0 then
-  local level = bucket_level(KEYS[2], tokens_per_minute)
-  bucket_store(KEYS[2], tokens_per_minute, math.min(tokens_per_minute, level + unused))
-end
-return removed
+-- KEYS: tokens. ARGV: tokens, tokens per minute. Returns {0, 0} taken, or {2, wait ms}.
+local tokens = tonumber(ARGV[1])
+local tokens_per_minute = tonumber(ARGV[2])
+local level = bucket_level(KEYS[1], tokens_per_minute)
+local needed = math.min(tokens, tokens_per_minute)
+if level < needed then return {2, math.ceil((needed - level) * 60000 / tokens_per_minute)} end
+bucket_store(KEYS[1], tokens_per_minute, level - tokens)
+return {0, 0}
+"""
+)
+
+GIVE_BACK = (
+    _CLOCK
+    + _BUCKET
+    + """
+-- KEYS: tokens. ARGV: unused tokens, tokens per minute. The bucket never exceeds one minute's worth.
+local tokens_per_minute = tonumber(ARGV[2])
+local level = bucket_level(KEYS[1], tokens_per_minute)
+bucket_store(KEYS[1], tokens_per_minute, math.min(tokens_per_minute, level + tonumber(ARGV[1])))
+return 0
 """
 )
 
@@ -99,7 +100,7 @@ RENEW = (
     + _EXPIRE_WITH_LAST_LEASE
     + """
 -- KEYS: the leases set of each lease. ARGV: lease ms, then one lease id per key.
--- Only leases still present are renewed (XX): one that expired or was settled stays gone.
+-- Only leases still present are renewed (XX): one that expired or was freed stays gone.
 local lease_ms = tonumber(ARGV[1])
 local renewed = 0
 for index, key in ipairs(KEYS) do

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.admission.config import SharedStateConfig
-from gateway.admission.redis_scripts import ADMIT, IN_FLIGHT, RENEW, SETTLE
+from gateway.admission.redis_scripts import FREE_SLOT, GIVE_BACK, IN_FLIGHT, RENEW, TAKE_SLOT, TAKE_TOKENS
 
 UNAVAILABLE = (RedisError, OSError, TimeoutError)
 """What a call raises when Redis is down, unreachable, slow or restarting."""
@@ -31,8 +31,10 @@ class RedisStore:
 
     def _open(self) -> None:
         self.client = _client(self.config)
-        self.admit = self.client.register_script(ADMIT)
-        self.settle = self.client.register_script(SETTLE)
+        self.take_slot = self.client.register_script(TAKE_SLOT)
+        self.free_slot = self.client.register_script(FREE_SLOT)
+        self.take_tokens = self.client.register_script(TAKE_TOKENS)
+        self.give_back = self.client.register_script(GIVE_BACK)
         self.renew = self.client.register_script(RENEW)
         self.in_flight = self.client.register_script(IN_FLIGHT)
 

@@ -55,6 +55,14 @@ class Tenant:
         """Hold one of the tenant's concurrent slots, one request and ``tokens`` of its budget, or raise 429."""
         return self.limiter.admit(self, tokens)
 
+    def hold_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the tenant's concurrent slots and one request per minute, or 429 (before any costly work)."""
+        return self.limiter.hold_slot(self)
+
+    def charge(self, tokens: int) -> AbstractAsyncContextManager[TokenCharge]:
+        """``tokens`` of the tenant's per-minute budget, or 429; what the request did not use goes back."""
+        return self.limiter.charge(self, tokens)
+
     @property
     def limited(self) -> bool:
         """Whether any of concurrency, tokens or requests per minute is capped."""

@@ -14,7 +14,7 @@ import redis.asyncio as redis
 from gateway.admission.config import SharedStateConfig, TenantConfig
 from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.redis_limiter import RedisLimiter, TenantKeys, redacted
-from gateway.admission.redis_scripts import ADMIT, RENEW, SETTLE
+from gateway.admission.redis_scripts import FREE_SLOT, GIVE_BACK, RENEW, TAKE_SLOT, TAKE_TOKENS
 from gateway.admission.tenants import Tenant, TenantRegistry
 from gateway.config import ConfigError, parse_config
 from gateway.errors import OpenAIError
@@ -27,6 +27,7 @@ TENANTS = [
     TenantConfig(name="metered", api_keys=["k2"], tokens_per_minute=100),
     TenantConfig(name="paced", api_keys=["k3"], requests_per_minute=3, tokens_per_minute=1000),
     TenantConfig(name="open", api_keys=["k4"]),
+    TenantConfig(name="both", api_keys=["k5"], max_concurrency=1, tokens_per_minute=100),
 ]
 
 
@@ -97,10 +98,24 @@ async def test_token_and_request_budgets_are_global_and_unused_tokens_go_back(ga
         pass
 
 
+async def test_a_slot_is_taken_before_the_charge_and_freed_whatever_the_charge_does(gateways: Gateways) -> None:
+    a, b = await gateways.start(), await gateways.start()
+    async with a["both"].hold_slot():
+        assert (await refused(b["both"])).code == "concurrency_limit_exceeded"
+        async with a["both"].charge(80) as charge:
+            charge.used = 80
+        with pytest.raises(OpenAIError) as error:
+            async with a["both"].charge(60):
+                pass
+        assert error.value.code == "tokens_per_minute_exceeded"
+    async with b["both"].hold_slot():
+        assert await gateways.limiters[1].in_flight("both") == 1
+
+
 async def test_a_crashed_gateways_slots_expire_while_live_leases_are_renewed(gateways: Gateways) -> None:
     live, crashed, other = await gateways.start(), await gateways.start(), await gateways.start()
     async with live["capped"].admit(1):
-        await crashed["capped"].limiter.reserve(crashed["capped"], 1)
+        await crashed["capped"].limiter.take_slot(crashed["capped"])
         await gateways.limiters[1].stop()  # no renewal and no settle: as after SIGKILL
         assert (await refused(other["capped"])).code == "concurrency_limit_exceeded"
         deadline = time.monotonic() + 10
@@ -115,23 +130,32 @@ async def test_a_crashed_gateways_slots_expire_while_live_leases_are_renewed(gat
         assert await gateways.limiters[2].in_flight("capped") == 1, "the live lease was renewed"
 
 
-async def test_scripts_take_atomically_and_never_renew_a_settled_lease(server: RedisServer) -> None:
+async def test_scripts_take_atomically_and_never_renew_a_freed_lease(server: RedisServer) -> None:
     client = redis.Redis.from_url(server.url)
     keys = TenantKeys.of(f"test-{uuid.uuid4().hex[:8]}", "t")
-    admit, settle, renew = (client.register_script(source) for source in (ADMIT, SETTLE, RENEW))
-    bucket_keys = [keys.leases, keys.tokens, keys.requests]
+    take_slot, free_slot, take_tokens, give_back, renew = (
+        client.register_script(source) for source in (TAKE_SLOT, FREE_SLOT, TAKE_TOKENS, GIVE_BACK, RENEW)
+    )
+    slot_keys = [keys.leases, keys.requests]
     try:
-        assert await admit(keys=bucket_keys, args=["x", 5000, 1, 90, 100, 0]) == [0, 0]
+        assert await take_slot(keys=slot_keys, args=["x", 5000, 1, 2]) == [0, 0]
+        assert await take_slot(keys=slot_keys, args=["y", 5000, 1, 2]) == [1, 1], "one slot, taken"
+        assert await client.zcard(keys.leases) == 1 and await client.exists(keys.requests) == 1
+        assert await take_slot(keys=slot_keys, args=["y", 5000, 0, 2]) == [0, 0]
+        verdict, wait_ms = await take_slot(keys=slot_keys, args=["z", 5000, 0, 2])
+        assert verdict == 3 and 29_000 <= wait_ms <= 30_000, "two requests per minute: the next in 30 s"
+        assert await client.zcard(keys.leases) == 2, "a refused request took no slot"
+        assert await free_slot(keys=[keys.leases], args=["x"]) == 1
+        assert await free_slot(keys=[keys.leases], args=["x"]) == 0, "freed once only"
+        assert await renew(keys=[keys.leases], args=[5000, "x"]) == 0 and await client.zcard(keys.leases) == 1
+
+        assert await take_tokens(keys=[keys.tokens], args=[90, 100]) == [0, 0]
         assert 0 < await client.pttl(keys.tokens) <= 61_000, "a bucket key expires once it would be full again"
-        verdict, wait_ms = await admit(keys=bucket_keys, args=["y", 5000, 0, 50, 100, 0])
+        verdict, wait_ms = await take_tokens(keys=[keys.tokens], args=[50, 100])
         assert verdict == 2 and 23_000 <= wait_ms <= 25_000, "40 tokens missing at 100 per minute"
-        assert await client.zcard(keys.leases) == 1, "a refused request took no slot"
-        assert await admit(keys=bucket_keys, args=["z", 5000, 1, 1, 100, 0]) == [1, 1]
-        assert await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100]) == 1
-        assert await settle(keys=[keys.leases, keys.tokens], args=["x", 90, 100]) == 0, "settled once only"
-        assert await renew(keys=[keys.leases], args=[5000, "x"]) == 0
-        assert await client.zcard(keys.leases) == 0
-        assert await admit(keys=bucket_keys, args=["w", 5000, 1, 100, 100, 0]) == [0, 0], "tokens came back"
+        await give_back(keys=[keys.tokens], args=[500, 100])
+        assert await take_tokens(keys=[keys.tokens], args=[100, 100]) == [0, 0], "unused tokens came back, capped"
+        assert (await take_tokens(keys=[keys.tokens], args=[1, 100]))[0] == 2, "never more than a minute's worth"
     finally:
         await client.aclose()
 
