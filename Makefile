@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test bench browser clean
+.PHONY: install run test bench browser redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
-test: install browser
+test: install browser redis
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # The dashboard test drives headless Chromium; install it where apt-get can (CI, fresh Debian).
@@ -32,6 +32,13 @@ browser:
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 		|| echo "chromium could not be installed: the dashboard browser test will skip"; \
+	fi
+
+# Shared-limit tests start a real redis-server; install it where apt-get can (they skip without it).
+redis:
+	@if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+		|| echo "redis-server could not be installed: the shared-limit tests will skip"; \
 	fi
 
 bench: install

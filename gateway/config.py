@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from gateway.admission.config import AdminConfig, LimitsConfig, TenantConfig
+from gateway.admission.config import AdminConfig, LimitsConfig, SharedStateConfig, TenantConfig
 from gateway.config_section import ConfigSection
 from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
@@ -85,6 +85,8 @@ class KvgateConfig(ConfigSection):
     normalize: NormalizeConfig = NormalizeConfig()
     tenants: list[TenantConfig] = []
     admin: AdminConfig = AdminConfig()
+    shared_state: SharedStateConfig | None = None
+    """Redis that makes tenant limits global across gateways; absent: every limit is this process's own."""
     health: HealthConfig = HealthConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     observability: ObservabilityConfig = ObservabilityConfig()

@@ -81,7 +81,7 @@ class Dispatcher:
         pool.on_change(self.queue.notify)
 
     async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
-        with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:
+        async with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:
             dispatched = await self._dispatch_with_retries(request, tenant, forwarding)
             charge.used = total_tokens(dispatched.outcome.usage) or charge.taken
         return dispatched

@@ -13,7 +13,10 @@ import aiohttp
 from aiohttp import web
 
 from gateway.admission.caps import RequestCaps
+from gateway.admission.limiter import LimiterCollector, TenantLimiter
+from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.queue import AdmissionQueue
+from gateway.admission.redis_limiter import RedisLimiter
 from gateway.admission.tenants import TenantRegistry
 from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, ConfigError, KvgateConfig
@@ -53,7 +56,7 @@ class Gateway:
         dispatcher = Dispatcher(pool, router, session, queue, config.timeouts, config.block_size)
         limits = RequestCaps(config.limits, pool.context_length)
         telemetry = Telemetry(config.observability, config.block_size)
-        tenants = TenantRegistry(config.tenants)
+        tenants = TenantRegistry(config.tenants, limiter=tenant_limiter(config))
         return cls(config, models, pool, router, session, queue, dispatcher, tenants, limits, telemetry)
 
     async def apply(self, config: KvgateConfig, source: str) -> None:
@@ -61,13 +64,17 @@ class Gateway:
 
         New backends are added and removed ones drain; policies, limits, tenants and timeouts
         apply to the requests that arrive next. Tenants keep their in-flight counts and token
-        budgets. block_size cannot change live; a listen change waits for the next restart.
+        budgets. block_size cannot change live; listen and shared_state changes wait for the
+        next restart.
         """
         if config.block_size != self.config.block_size:
             raise ConfigError(f"invalid config {source}: block_size cannot change without a restart")
         if config.listen != self.config.listen:
             log.warning("listen changes in %s take effect at the next restart", source)
             config.listen = self.config.listen
+        if config.shared_state != self.config.shared_state:
+            log.warning("shared_state changes in %s take effect at the next restart", source)
+            config.shared_state = self.config.shared_state
         try:
             tenants = TenantRegistry(config.tenants, self.tenants)
         except ValueError as exc:
@@ -92,6 +99,8 @@ class Gateway:
 
     async def start(self) -> None:
         self.telemetry.metrics.register(LiveStateCollector(self.pool, self.router, self.queue))
+        self.telemetry.metrics.register(LimiterCollector(self.tenants.limiter))
+        await self.tenants.limiter.start()
         self.pool.on_change(self.sync_router_capacity)
         await self.router.start()
         await self.pool.start(self.session)
@@ -106,7 +115,13 @@ class Gateway:
         await self.pool.stop()
         await self.router.stop()
         await self.session.close()
+        await self.tenants.limiter.stop()
         self.telemetry.close()
+
+
+def tenant_limiter(config: KvgateConfig) -> TenantLimiter:
+    """Where tenant caps are counted: Redis shared by every gateway when configured, else this process."""
+    return RedisLimiter(config.shared_state) if config.shared_state else LocalLimiter()
 
 
 def backend_specs(config: KvgateConfig) -> list[tuple[BackendSpec, str]]:

@@ -1,4 +1,4 @@
-"""The `limits:`, `tenants:` and `admin:` sections of config.yaml.
+"""The `limits:`, `tenants:`, `admin:` and `shared_state:` sections of config.yaml.
 
 Secrets (API keys) may be written inline or as environment references (`${ENV:NAME}` or
 `env:NAME`); they are resolved when the config is loaded and kept as `SecretStr`, so a config
@@ -67,6 +67,8 @@ class TenantConfig(ConfigSection):
     max_concurrency: int | None = Field(None, ge=1)
     tokens_per_minute: int | None = Field(None, ge=1)
     """Prompt + completion tokens per minute (a token bucket of one minute's worth)."""
+    requests_per_minute: int | None = Field(None, ge=1)
+    """Requests admitted per minute (a bucket of one minute's worth, one request each)."""
     isolate_cache: bool = False
     """Give this tenant its own cache salt: no other tenant can hit (or time) its cached prefixes."""
     limits: TokenCaps = TokenCaps()
@@ -87,3 +89,28 @@ class AdminConfig(ConfigSection):
     @classmethod
     def _resolve_key(cls, key: object) -> object:
         return resolve_secret(key) if isinstance(key, str) else key
+
+
+class SharedStateConfig(ConfigSection):
+    """Tenant limits counted in one Redis for every gateway (see docs/admission.md, "Several gateways")."""
+
+    redis_url: str
+    """redis://[user:password@]HOST:PORT/DB (rediss:// for TLS, unix:///path?db=N); `${ENV:NAME}` allowed."""
+    on_unavailable: Literal["local", "reject"] = "local"
+    """While Redis does not answer: admit on this gateway's own counts (local), or answer 503 (reject)."""
+    lease_s: float = Field(5.0, ge=0.5, le=300)
+    """A request's concurrency slot expires this long after its gateway last renewed it (a crashed gateway's slots come back)."""
+    timeout_s: float = Field(0.25, gt=0, le=10)
+    """Longest wait for one Redis call (connect or answer) before Redis counts as unavailable."""
+    key_prefix: str = Field("kvgate", min_length=1)
+    """Prefix of every key, so several deployments can share one Redis."""
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _resolve_url(cls, url: object) -> object:
+        if not isinstance(url, str):
+            return url
+        url = resolve_secret(url)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url

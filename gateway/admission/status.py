@@ -27,5 +27,6 @@ async def admission_status(request: web.Request) -> web.Response:
         "backends": backends,
         "queued": gateway.queue.waiting_by_tenant(),
         "tenants_in_flight": {tenant.name: tenant.usage.in_flight for tenant in tenants},
+        "shared_state": await gateway.tenants.limiter.shared_status(tenants),
     }
     return web.Response(body=orjson.dumps(body), content_type="application/json")

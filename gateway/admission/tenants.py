@@ -2,17 +2,16 @@
 
 import hashlib
 import hmac
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from gateway.admission.bearer import bearer_token, key_matches, unauthorized
 from gateway.admission.config import TenantConfig, TokenCaps
+from gateway.admission.limiter import TenantLimiter, TokenCharge
+from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.token_bucket import TokenBucket
-from gateway.errors import too_many_requests
 
 ANONYMOUS = "anonymous"
 """The one tenant of an open gateway (no `tenants:` configured)."""
@@ -20,19 +19,13 @@ ANONYMOUS = "anonymous"
 
 @dataclass
 class TenantUsage:
-    """What a tenant uses right now; kept across config reloads."""
+    """What a tenant uses on this gateway right now; kept across config reloads."""
 
     in_flight: int = 0
-    bucket: TokenBucket | None = None
-
-
-@dataclass
-class TokenCharge:
-    """Tokens taken from a tenant's budget for one request; what it did not use goes back when it ends."""
-
-    taken: int
-    used: int = 0
-    """Set once the request has been answered; a request that failed or never ran used nothing."""
+    tokens: TokenBucket | None = None
+    """The tokens-per-minute bucket (counted here by the local limiter only)."""
+    requests: TokenBucket | None = None
+    """The requests-per-minute bucket (counted here by the local limiter only)."""
 
 
 @dataclass
@@ -40,6 +33,7 @@ class Tenant:
     name: str
     config: TenantConfig | None
     usage: TenantUsage = field(default_factory=TenantUsage)
+    limiter: TenantLimiter = field(default_factory=LocalLimiter)
 
     @property
     def caps(self) -> TokenCaps:
@@ -57,46 +51,47 @@ class Tenant:
         own = hmac.new(key, b"kvgate-cache-salt:" + self.name.encode(), hashlib.sha256).hexdigest()[:32]
         return f"{own}:{requested}" if requested else own
 
-    @contextmanager
-    def admit(self, tokens: int) -> Iterator[TokenCharge]:
-        """Hold one of the tenant's concurrent slots and ``tokens`` of its budget, or raise 429."""
-        limit = self.config.max_concurrency if self.config else None
-        if limit is not None and self.usage.in_flight >= limit:
-            raise too_many_requests(
-                f"Tenant '{self.name}' already has {self.usage.in_flight} requests in flight (limit {limit}).",
-                retry_after_s=1,
-                code="concurrency_limit_exceeded",
-            )
-        bucket = self.usage.bucket
-        wait_s = bucket.try_take(tokens) if bucket else 0.0
-        if wait_s > 0:
-            raise too_many_requests(
-                f"Tenant '{self.name}' is over its budget of {bucket.per_minute} tokens per minute "
-                f"(this request needs {tokens}).",
-                retry_after_s=math.ceil(wait_s),
-                code="tokens_per_minute_exceeded",
-            )
-        self.usage.in_flight += 1
-        charge = TokenCharge(tokens)
-        try:
-            yield charge
-        finally:
-            self.usage.in_flight -= 1
-            if bucket is not None and charge.used < tokens:
-                bucket.give_back(tokens - charge.used)
+    def admit(self, tokens: int) -> AbstractAsyncContextManager[TokenCharge]:
+        """Hold one of the tenant's concurrent slots, one request and ``tokens`` of its budget, or raise 429."""
+        return self.limiter.admit(self, tokens)
+
+    def hold_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the tenant's concurrent slots and one request per minute, or 429 (before any costly work)."""
+        return self.limiter.hold_slot(self)
+
+    def charge(self, tokens: int) -> AbstractAsyncContextManager[TokenCharge]:
+        """``tokens`` of the tenant's per-minute budget, or 429; what the request did not use goes back."""
+        return self.limiter.charge(self, tokens)
+
+    @property
+    def limited(self) -> bool:
+        """Whether any of concurrency, tokens or requests per minute is capped."""
+        config = self.config
+        return config is not None and any(
+            cap is not None for cap in (config.max_concurrency, config.tokens_per_minute, config.requests_per_minute)
+        )
 
 
 class TenantRegistry:
     """The configured tenants by key; with none configured, everyone is the anonymous tenant."""
 
-    def __init__(self, configs: list[TenantConfig], previous: "TenantRegistry | None" = None) -> None:
+    def __init__(
+        self,
+        configs: list[TenantConfig],
+        previous: "TenantRegistry | None" = None,
+        limiter: TenantLimiter | None = None,
+    ) -> None:
+        """``limiter`` counts every tenant's caps; a reload keeps the previous registry's."""
         names = [config.name for config in configs]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"tenant names must be unique; repeated: {', '.join(repeated)}")
+        self.limiter: TenantLimiter = limiter or (previous.limiter if previous else LocalLimiter())
         old = previous.by_name if previous else {}
-        self.by_name = {config.name: _tenant(config, old.get(config.name)) for config in configs}
-        self.anonymous = previous.anonymous if previous else Tenant(ANONYMOUS, None)
+        self.by_name: dict[str, Tenant] = {
+            config.name: _tenant(config, old.get(config.name), self.limiter) for config in configs
+        }
+        self.anonymous: Tenant = previous.anonymous if previous else Tenant(ANONYMOUS, None, limiter=self.limiter)
         self._keys = [(key.get_secret_value(), self.by_name[c.name]) for c in configs for key in c.api_keys]
         if len({key for key, _ in self._keys}) < len(self._keys):
             raise ValueError("an API key is listed twice (in one tenant or two)")
@@ -121,11 +116,17 @@ class TenantRegistry:
         return found
 
 
-def _tenant(config: TenantConfig, previous: Tenant | None) -> Tenant:
+def _tenant(config: TenantConfig, previous: Tenant | None, limiter: TenantLimiter) -> Tenant:
     usage = previous.usage if previous else TenantUsage()
-    per_minute = config.tokens_per_minute
+    usage.tokens = _bucket(config.tokens_per_minute, usage.tokens)
+    usage.requests = _bucket(config.requests_per_minute, usage.requests)
+    return Tenant(config.name, config, usage, limiter)
+
+
+def _bucket(per_minute: int | None, current: TokenBucket | None) -> TokenBucket | None:
+    """The bucket for ``per_minute``: the current one while its rate stays, none without a rate."""
     if per_minute is None:
-        usage.bucket = None
-    elif usage.bucket is None or usage.bucket.per_minute != per_minute:
-        usage.bucket = TokenBucket(per_minute)
-    return Tenant(config.name, config, usage)
+        return None
+    if current is None or current.per_minute != per_minute:
+        return TokenBucket(per_minute)
+    return current

@@ -1,4 +1,4 @@
-"""A token bucket holding one minute's worth of tokens: the tokens-per-minute budget of a tenant."""
+"""A token bucket holding one minute's worth of tokens: a tenant's tokens- or requests-per-minute budget."""
 
 import time
 from collections.abc import Callable
@@ -13,17 +13,28 @@ class TokenBucket:
         self._level = float(per_minute)
         self._updated = self._clock()
 
-    def try_take(self, tokens: int) -> float:
-        """Take ``tokens`` and return 0, or take nothing and return the seconds until they would fit.
+    def wait_s(self, tokens: int) -> float:
+        """0 when ``tokens`` may be taken now, else the seconds until they would fit.
 
-        A request larger than a whole minute's budget passes on a full bucket and leaves it in debt.
+        A request larger than a whole minute's budget fits a full bucket (and leaves it in debt).
         """
         self._refill()
         needed = min(tokens, self.per_minute)
         if self._level >= needed:
-            self._level -= tokens
             return 0.0
         return (needed - self._level) * 60.0 / self.per_minute
+
+    def take(self, tokens: int) -> None:
+        """Take ``tokens`` (after ``wait_s`` said they fit)."""
+        self._refill()
+        self._level -= tokens
+
+    def try_take(self, tokens: int) -> float:
+        """Take ``tokens`` and return 0, or take nothing and return the seconds until they would fit."""
+        wait_s = self.wait_s(tokens)
+        if wait_s == 0.0:
+            self.take(tokens)
+        return wait_s
 
     def give_back(self, tokens: int) -> None:
         """Return tokens taken but not used (a completion shorter than its max_tokens)."""

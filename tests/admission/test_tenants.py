@@ -54,38 +54,55 @@ def test_duplicate_keys_or_names_are_refused() -> None:
         TenantRegistry([TenantConfig(name="a", api_keys=["k"]), TenantConfig(name="a", api_keys=["j"])])
 
 
-def test_concurrency_and_token_budgets_answer_429(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_concurrency_and_token_budgets_answer_429(monkeypatch: pytest.MonkeyPatch) -> None:
     tenants = registry(monkeypatch)
     a, b = tenants.by_name["a"], tenants.by_name["b"]
-    with a.admit(10):
-        with pytest.raises(OpenAIError) as error, a.admit(10):
-            pass
+    async with a.admit(10):
+        with pytest.raises(OpenAIError) as error:
+            async with a.admit(10):
+                pass
         assert error.value.status == 429 and error.value.code == "concurrency_limit_exceeded"
-    with a.admit(10):
+    async with a.admit(10):
         pass
-    with b.admit(80) as charge:
+    async with b.admit(80) as charge:
         charge.used = 30
-    with b.admit(60) as charge:
+    async with b.admit(60) as charge:
         charge.used = 60
-    with pytest.raises(OpenAIError) as error, b.admit(60):
-        pass
+    with pytest.raises(OpenAIError) as error:
+        async with b.admit(60):
+            pass
     assert error.value.code == "tokens_per_minute_exceeded" and int(error.value.headers["Retry-After"]) >= 1
 
 
-def test_isolated_tenant_gets_its_own_salt_and_usage_survives_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_requests_per_minute_counts_requests_and_a_refusal_takes_nothing() -> None:
+    tenants = TenantRegistry([TenantConfig(name="r", api_keys=["k"], requests_per_minute=2, tokens_per_minute=100)])
+    r = tenants.by_name["r"]
+    for _ in range(2):
+        async with r.admit(1):
+            pass
+    with pytest.raises(OpenAIError) as error:
+        async with r.admit(1):
+            pass
+    assert error.value.code == "requests_per_minute_exceeded" and int(error.value.headers["Retry-After"]) >= 1
+    assert r.usage.tokens is not None and r.usage.tokens.wait_s(98) == 0.0, "the refused request took no tokens"
+    assert r.usage.in_flight == 0
+
+
+async def test_isolated_tenant_gets_its_own_salt_and_usage_survives_reload(monkeypatch: pytest.MonkeyPatch) -> None:
     tenants = registry(monkeypatch)
     a, b = tenants.by_name["a"], tenants.by_name["b"]
     assert b.cache_salt(None) is None and b.cache_salt("s") == "s"
     salt = a.cache_salt(None)
     assert salt and "secret-a" not in salt and a.cache_salt("s") == f"{salt}:s"
-    with a.admit(1):
+    async with a.admit(1):
         reloaded = TenantRegistry([TenantConfig(name="a", api_keys=["secret-a"], max_concurrency=1)], tenants)
         assert reloaded.by_name["a"].usage.in_flight == 1
 
 
-def test_a_request_that_fails_gives_its_tokens_back(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_request_that_fails_gives_its_tokens_back(monkeypatch: pytest.MonkeyPatch) -> None:
     b = registry(monkeypatch).by_name["b"]
-    with pytest.raises(RuntimeError), b.admit(100):
-        raise RuntimeError("backend gone")
-    with b.admit(100):
+    with pytest.raises(RuntimeError):
+        async with b.admit(100):
+            raise RuntimeError("backend gone")
+    async with b.admit(100):
         pass
