@@ -1,24 +1,37 @@
-"""A fixed pool of KV blocks with reference counts and an automatic prefix cache.
+"""A fixed pool of KV blocks with reference counts, an automatic prefix cache and a host tier.
 
 Invariants (checked by ``assert_invariants``):
 
 * every block is exactly one of: in use (ref count > 0), empty-free (no hash), cached-free
   (ref count 0, hash kept so a later prompt can hit it);
 * a hashed block is the one ``_cached`` maps its hash to, and vice versa;
-* only full blocks whose KV has been computed carry a hash.
+* only full blocks whose KV has been computed carry a hash;
+* a block hash is cached in one tier at most: on the device or in the host pool;
+* a cached-free block is in the retained queue iff an active session's latest turn holds it;
+* outside ``allocate`` no host slot is claimed, and ``transfers`` are drained every step.
 
 Free blocks keep their contents and hash until they are reused. Allocation takes empty blocks
-first, then evicts cached-free blocks least-recently-freed first; a sequence frees its blocks
+first, then evicts cached-free blocks least-recently-freed first, those no active session
+retains before retained ones (see engine/session_retention.py); a sequence frees its blocks
 tail first, so its tail is evicted before its head.
+
+With a host pool, an evicted block is copied to host memory instead of being dropped, and a
+prompt whose prefix continues in the host pool gets those blocks copied back ("host hits";
+they count as cached tokens, as a KV connector's hits do in vLLM). The copies are queued in
+``transfers`` in decision order; the runner performs them, in that order, before the step's
+forward pass, so a copy never reads a block or slot that a later decision reused.
 """
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from engine.host_kv_pool import HostKVPool
+from engine.runner_api import BlockTransfer
 from engine.sequence import Sequence
+from engine.session_retention import SessionRetention
 from radix.blocks import blocks_for
 from radix.hashing import BlockHash, extend_block_hashes, hash_to_bytes
-from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass
@@ -28,16 +41,39 @@ class Block:
     block_hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()
     """The tokens whose KV the block holds, compared on a hash hit."""
+    parent_hash: BlockHash | None = None
+    """The hash of the block before it in its prompt (None for a first block)."""
+
+
+@dataclass(frozen=True)
+class _HostHit:
+    index: int
+    """Position of the block in the sequence."""
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, model_name: str) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        model_name: str,
+        host_blocks: int = 0,
+        retention: SessionRetention | None = None,
+    ) -> None:
         self.block_size = block_size
         self.model_name = model_name
         self.blocks = [Block(block_id) for block_id in range(num_blocks)]
         self._empty: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._retained: OrderedDict[int, None] = OrderedDict()
+        """Cached-free blocks of active sessions' latest turns: evicted only after ``_evictable``."""
         self._cached: dict[BlockHash, int] = {}
+        self.host = HostKVPool(host_blocks)
+        self.retention = retention
+        self.transfers: list[BlockTransfer] = []
+        """Copies between device blocks and host slots the runner must do before the next forward."""
+        self.num_host_hit_blocks = 0
+        """Blocks copied back from the host pool instead of being recomputed, since start."""
         self.events: list[KVEvent] = []
         """KV events not yet published; the engine drains them after every step."""
 
@@ -48,15 +84,19 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take (empty plus cached-free)."""
-        return len(self._empty) + len(self._evictable)
+        return len(self._empty) + len(self._evictable) + len(self._retained)
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return len(self._evictable)
+        return len(self._evictable) + len(self._retained)
+
+    @property
+    def num_retained_free_blocks(self) -> int:
+        return len(self._retained)
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks that a prompt can hit, in use or not."""
+        """Blocks on the device that a prompt can hit, in use or not."""
         return len(self._cached)
 
     @property
@@ -70,20 +110,37 @@ class BlockManager:
     def allocate(self, seq: Sequence) -> bool:
         """Give a waiting sequence blocks for all of ``seq.token_ids``, reusing cached prefix blocks.
 
-        Sets ``seq.num_computed_tokens`` to the tokens found in cache. At least the last token is
-        always left to compute, since the model must run on it to sample. Returns False (and
-        changes nothing) when the pool cannot hold the sequence now.
+        Sets ``seq.num_computed_tokens`` to the tokens found in cache (device and host tier) and
+        ``seq.num_host_hit_tokens`` to those of the host tier. At least the last token is always
+        left to compute, since the model must run on it to sample. Returns False (and changes
+        nothing) when the pool cannot hold the sequence now.
         """
         assert not seq.block_table
         hits = self._prefix_hits(seq)
-        reviving = sum(1 for block_id in hits if self.blocks[block_id].ref_count == 0)
-        num_new = self.blocks_for(len(seq.token_ids)) - len(hits)
+        device_hits = [hit for hit in hits if isinstance(hit, int)]
+        reviving = sum(1 for block_id in device_hits if self.blocks[block_id].ref_count == 0)
+        num_new = self.blocks_for(len(seq.token_ids)) - len(device_hits)
         if num_new > self.num_free_blocks - reviving:
             return False
-        for block_id in hits:
+        for block_id in device_hits:
             self._take(block_id)
-        seq.block_table = hits + [self._take_free() for _ in range(num_new)]
+        host_hits = [hit for hit in hits if isinstance(hit, _HostHit)]
+        claimed = [self.host.claim(seq.block_hashes[hit.index]) for hit in host_hits]
+        table: list[int] = []
+        for hit in hits:
+            table.append(hit if isinstance(hit, int) else self._take_free())
+        for hit, entry in zip(host_hits, claimed, strict=True):
+            self._revive_from_host(seq, hit.index, table[hit.index], entry.slot)
+            self.host.release(entry.slot)
+        if host_hits:
+            self.events.append(
+                BlockRemoved([hash_to_bytes(seq.block_hashes[hit.index]) for hit in host_hits], MEDIUM_CPU)
+            )
+            self._emit_stored(seq, [hit.index for hit in host_hits])
+            self.num_host_hit_blocks += len(host_hits)
+        seq.block_table = table + [self._take_free() for _ in range(num_new - len(host_hits))]
         seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_host_hit_tokens = len(host_hits) * self.block_size
         seq.num_registered_blocks = len(hits)
         return True
 
@@ -109,95 +166,193 @@ class BlockManager:
             block_hash = seq.block_hashes[index]
             if block.block_hash is not None or block_hash in self._cached:
                 continue
-            block.block_hash = block_hash
-            block.token_ids = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
-            self._cached[block_hash] = block.block_id
+            if self.host.discard(block_hash):
+                self.events.append(BlockRemoved([hash_to_bytes(block_hash)], MEDIUM_CPU))
+            self._set_hash(seq, index, block)
             stored.append(index)
         if stored:
             self._emit_stored(seq, stored)
         seq.num_registered_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references, tail block first; hashed blocks stay cached."""
+        """Drop the sequence's references, tail block first; hashed blocks stay cached.
+
+        A sequence of a session first becomes that session's latest turn, so its blocks are
+        retained as they are freed.
+        """
+        if self.retention is not None and seq.session is not None:
+            hashes = seq.block_hashes[: seq.num_registered_blocks]
+            released, retained = self.retention.record_turn(seq.session, hashes)
+            self._apply_retention(released, retained)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is None:
                     self._empty.append(block_id)
+                elif self.retention is not None and self.retention.is_retained(block.block_hash):
+                    self._retained[block_id] = None
                 else:
                     self._evictable[block_id] = None
         seq.block_table = []
         seq.num_registered_blocks = 0
 
     def reset_prefix_cache(self) -> None:
-        """Forget every hash; blocks in use keep serving their sequences but can no longer be hit."""
+        """Forget every hash, in both tiers; blocks in use keep serving their sequences but can no longer be hit."""
         for block_id in self._cached.values():
             block = self.blocks[block_id]
             block.block_hash = None
             block.token_ids = ()
+            block.parent_hash = None
         self._cached.clear()
         self._empty.extend(self._evictable)
+        self._empty.extend(self._retained)
         self._evictable.clear()
+        self._retained.clear()
+        self.host.clear()
+        if self.retention is not None:
+            self.retention.clear()
         self.events.append(AllBlocksCleared())
+
+    def take_transfers(self) -> list[BlockTransfer]:
+        """The copies decided since the last call, in the order they must run."""
+        transfers, self.transfers = self.transfers, []
+        return transfers
 
     def drain_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events
 
     def assert_invariants(self) -> None:
-        empty, evictable = set(self._empty), set(self._evictable)
+        empty, evictable, retained = set(self._empty), set(self._evictable), set(self._retained)
         assert len(empty) == len(self._empty), "a block is twice in the empty list"
         assert not empty & evictable, "a block is both empty-free and cached-free"
+        assert not (empty | evictable) & retained, "a retained block is also in another free list"
+        free = empty | evictable | retained
         in_use = {block.block_id for block in self.blocks if block.ref_count > 0}
         assert all(block.ref_count >= 0 for block in self.blocks), "negative ref count"
-        assert not in_use & (empty | evictable), "a free block is referenced"
-        assert len(empty) + len(evictable) + len(in_use) == self.num_blocks, "a block is lost"
+        assert not in_use & free, "a free block is referenced"
+        assert len(free) + len(in_use) == self.num_blocks, "a block is lost"
         assert all(self.blocks[block_id].block_hash is None for block_id in empty), "an empty block has a hash"
-        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable), (
+        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable | retained), (
             "cached-free block without hash"
         )
         for block_hash, block_id in self._cached.items():
             assert self.blocks[block_id].block_hash == block_hash, "hash map and block disagree"
         hashed = sum(1 for block in self.blocks if block.block_hash is not None)
         assert hashed == len(self._cached), "a hashed block is missing from the hash map"
+        assert not set(self.host.hashes()) & set(self._cached), "a block is cached on device and host at once"
+        self.host.assert_invariants()
+        assert not self.transfers, "copies were decided but never handed to the runner"
+        if self.retention is None:
+            assert not retained, "retained blocks without retention"
+            return
+        self.retention.assert_invariants()
+        for block_id in retained:
+            assert self.retention.is_retained(self.blocks[block_id].block_hash or 0), "a retained block is not held"
+        for block_id in evictable:
+            assert not self.retention.is_retained(self.blocks[block_id].block_hash or 0), "a held block is evictable"
 
-    def _prefix_hits(self, seq: Sequence) -> list[int]:
-        """Cached blocks matching the sequence's leading full blocks, token ids compared."""
+    def _prefix_hits(self, seq: Sequence) -> list[int | _HostHit]:
+        """Cached blocks matching the sequence's leading full blocks, token ids compared.
+
+        A device hit is its block id; a block found in the host pool is a ``_HostHit``.
+        """
         max_hit_blocks = (len(seq.token_ids) - 1) // self.block_size
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt)
-        hits: list[int] = []
+        hits: list[int | _HostHit] = []
         for index in range(max_hit_blocks):
-            block_id = self._cached.get(seq.block_hashes[index])
-            start = index * self.block_size
-            if block_id is None or self.blocks[block_id].token_ids != tuple(
-                seq.token_ids[start : start + self.block_size]
-            ):
+            block_hash = seq.block_hashes[index]
+            tokens = self._block_tokens(seq, index)
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and self.blocks[block_id].token_ids == tokens:
+                hits.append(block_id)
+            elif block_id is None and self.host.find(block_hash, tokens):
+                hits.append(_HostHit(index))
+            else:
                 break
-            hits.append(block_id)
         return hits
+
+    def _block_tokens(self, seq: Sequence, index: int) -> tuple[int, ...]:
+        start = index * self.block_size
+        return tuple(seq.token_ids[start : start + self.block_size])
+
+    def _set_hash(self, seq: Sequence, index: int, block: Block) -> None:
+        block_hash = seq.block_hashes[index]
+        block.block_hash = block_hash
+        block.token_ids = self._block_tokens(seq, index)
+        block.parent_hash = seq.block_hashes[index - 1] if index > 0 else None
+        self._cached[block_hash] = block.block_id
+
+    def _revive_from_host(self, seq: Sequence, index: int, block_id: int, slot: int) -> None:
+        """Queue the copy of host slot ``slot`` into device block ``block_id`` and cache it there."""
+        self.transfers.append(BlockTransfer(to_host=False, device_block=block_id, host_slot=slot))
+        self._set_hash(seq, index, self.blocks[block_id])
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self._evictable[block_id]
+            if block_id in self._evictable:
+                del self._evictable[block_id]
+            else:
+                del self._retained[block_id]
         block.ref_count += 1
 
     def _take_free(self) -> int:
         if self._empty:
             block_id = self._empty.popleft()
         else:
-            block_id, _ = self._evictable.popitem(last=False)
+            block_id = self._pop_cached_free()
             self._evict(self.blocks[block_id])
         self.blocks[block_id].ref_count = 1
         return block_id
 
+    def _pop_cached_free(self) -> int:
+        """The next cached-free block to evict: one-shots first, then retained turns."""
+        if not self._evictable and self.retention is not None:
+            self._apply_retention(self.retention.expire(), [])
+        queue = self._evictable if self._evictable else self._retained
+        block_id, _ = queue.popitem(last=False)
+        return block_id
+
+    def _apply_retention(self, released: list[BlockHash], retained: list[BlockHash]) -> None:
+        """Move cached-free blocks between the two queues as hashes lose or gain retention.
+
+        A released block goes to the old end of the evictable queue (it has waited longest).
+        """
+        for block_hash in released:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._retained:
+                del self._retained[block_id]
+                self._evictable[block_id] = None
+                self._evictable.move_to_end(block_id, last=False)
+        for block_hash in retained:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._evictable:
+                del self._evictable[block_id]
+                self._retained[block_id] = None
+
     def _evict(self, block: Block) -> None:
+        """Drop the block's hash from the device cache; with a host pool, move the block there."""
         assert block.block_hash is not None
-        del self._cached[block.block_hash]
-        self.events.append(BlockRemoved([hash_to_bytes(block.block_hash)]))
+        block_hash = block.block_hash
+        del self._cached[block_hash]
+        self.events.append(BlockRemoved([hash_to_bytes(block_hash)], MEDIUM_GPU))
+        stored = self.host.store(block_hash, block.token_ids, block.parent_hash) if self.host.num_slots else None
+        if stored is not None:
+            slot, displaced = stored
+            if displaced is not None:
+                self.events.append(BlockRemoved([hash_to_bytes(displaced)], MEDIUM_CPU))
+            self.transfers.append(BlockTransfer(to_host=True, device_block=block.block_id, host_slot=slot))
+            parent = hash_to_bytes(block.parent_hash) if block.parent_hash is not None else None
+            self.events.append(
+                BlockStored(
+                    [hash_to_bytes(block_hash)], parent, list(block.token_ids), self.block_size, medium=MEDIUM_CPU
+                )
+            )
         block.block_hash = None
         block.token_ids = ()
+        block.parent_hash = None
 
     def _emit_stored(self, seq: Sequence, indices: list[int]) -> None:
         """One BlockStored per run of consecutive newly cached blocks."""

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MODEL, MAX_DEFAULT_MODEL_LEN, EngineConfig
+from engine.host_kv_pool import GIB, host_kv_blocks
 from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
 from engine.kv_events import DEFAULT_TOPIC, KVEventPublisher
 from engine.llm_engine import LLMEngine
@@ -17,6 +18,7 @@ from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner
 from engine.scheduler import Scheduler
 from engine.server import EngineServer
+from engine.session_retention import DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S, SessionRetention
 from engine.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import ModelNotFoundError
@@ -44,6 +46,13 @@ def positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {text}")
     return value
 
 
@@ -101,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-dtype", choices=["auto", "bfloat16", "float16", "fp8"], default="auto",
         help="KV storage dtype; auto = --dtype, fp8 = e4m3 with a per-block scale (default: %(default)s)",
     )  # fmt: skip
+    host_tier = cache.add_mutually_exclusive_group()
+    host_tier.add_argument(
+        "--host-kv-blocks", type=positive_int,
+        help="host-memory KV tier of this many blocks: evicted blocks are copied there, and copied back on a hit",
+    )  # fmt: skip
+    host_tier.add_argument("--host-kv-gib", type=positive_float, help="host-memory KV tier size in GiB")
+    cache.add_argument(
+        "--session-ttl-s", type=positive_float, default=DEFAULT_SESSION_TTL_S,
+        help="a kvgate_session stays active (its latest turn evicted last) this long (default: %(default)s)",
+    )  # fmt: skip
+    cache.add_argument(
+        "--session-retain-fraction", type=fraction, default=DEFAULT_SESSION_RETAIN_FRACTION,
+        help="most of the device pool that active sessions' latest turns may hold back (default: %(default)s)",
+    )  # fmt: skip
     cache.add_argument(
         "--kv-events", metavar="tcp://HOST:PORT", help="publish KV events (vLLM format) on a ZMQ PUB socket bound here"
     )
@@ -135,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, flag in _SIM_COST_FLAGS.items():
         sim.add_argument(flag, type=float, dest=f"sim_{name}", metavar="SECONDS", help=f"override the preset's {name}")
+    sim.add_argument(
+        "--sim-host-bandwidth-gbs", type=positive_float, metavar="GB/S",
+        help="host-tier copy bandwidth: sets host_copy_per_token_s from the model's KV bytes per token",
+    )  # fmt: skip
     return parser
 
 
@@ -160,17 +187,26 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        host_kv_blocks=args.host_kv_blocks,
+        host_kv_gib=args.host_kv_gib,
+        session_ttl_s=args.session_ttl_s,
+        session_retain_fraction=args.session_retain_fraction,
         kv_events=args.kv_events,
         kv_events_topic=args.kv_events_topic,
         sim_costs=sim_costs,
+        sim_host_bandwidth_gbs=args.sim_host_bandwidth_gbs,
         check_invariants=args.check_invariants,
         log_level=args.log_level,
     )
 
 
-def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenizer) -> ModelRunner:
+def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenizer, host_blocks: int) -> ModelRunner:
     if config.sim_costs is not None:
-        return SimRunner(config.block_size, budget.num_blocks, config.sim_costs, tokenizer.encode_text(SIM_TEXT))
+        costs = config.sim_costs
+        if config.sim_host_bandwidth_gbs is not None:
+            per_token = budget.bytes_per_token / (config.sim_host_bandwidth_gbs * 1e9)
+            costs = dataclasses.replace(costs, host_copy_per_token_s=per_token)
+        return SimRunner(config.block_size, budget.num_blocks, costs, tokenizer.encode_text(SIM_TEXT))
     import torch
 
     from engine.model_runner import TorchModelRunner
@@ -178,7 +214,13 @@ def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenize
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     return TorchModelRunner(
-        config.model, config.block_size, budget.num_blocks, config.device, config.dtype, config.kv_cache_dtype
+        config.model,
+        config.block_size,
+        budget.num_blocks,
+        config.device,
+        config.dtype,
+        config.kv_cache_dtype,
+        host_blocks,
     )
 
 
@@ -194,11 +236,16 @@ def build_server(config: EngineConfig) -> EngineServer:
     arch = load_arch(config.model)
     budget = plan_budget(config, arch)
     log.info("%s", budget.describe())
+    bytes_per_block = budget.bytes_per_token * config.block_size
+    host_blocks = host_kv_blocks(config.host_kv_blocks, config.host_kv_gib, bytes_per_block)
+    if host_blocks:
+        log.info("host KV tier: %d blocks = %.2f GiB", host_blocks, host_blocks * bytes_per_block / GIB)
     tokenizer = ChatTokenizer.load(config.model)
-    runner = build_runner(config, budget, tokenizer)
-    block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name)
+    runner = build_runner(config, budget, tokenizer, host_blocks)
+    retention = SessionRetention(int(config.session_retain_fraction * budget.num_blocks), config.session_ttl_s)
+    block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-    metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks)
+    metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks, host_blocks)
     publisher = KVEventPublisher(config.kv_events, config.kv_events_topic) if config.kv_events else None
     engine = LLMEngine(runner, scheduler, tokenizer.tokenizer, metrics, publisher, config.check_invariants)
     return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len)

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from engine.session_retention import DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S
 from engine.sim_runner import SimCosts
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -29,10 +30,19 @@ class EngineConfig:
     """None: the model's context length, capped at MAX_DEFAULT_MODEL_LEN."""
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    host_kv_blocks: int | None = None
+    host_kv_gib: float | None = None
+    """The host-memory KV tier, in blocks or GiB (neither: no host tier)."""
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
+    """A session (``kvgate_session``) is active this long after its latest turn."""
+    session_retain_fraction: float = DEFAULT_SESSION_RETAIN_FRACTION
+    """At most this fraction of the device pool is retained for active sessions' latest turns."""
     kv_events: str | None = None
     kv_events_topic: str = "kv-events"
     sim_costs: SimCosts | None = None
     """Set in simulated mode: the cost model that replaces the forward pass."""
+    sim_host_bandwidth_gbs: float | None = None
+    """Simulated mode: host-tier copy bandwidth; None keeps the preset's host_copy_per_token_s."""
     check_invariants: bool = False
     log_level: str = "INFO"
 

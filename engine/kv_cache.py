@@ -5,10 +5,26 @@ Slot ``s`` is offset ``s % block_size`` of block ``s // block_size``. The pool h
 blocks by block table and return them in the compute dtype.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
+
+
+@dataclass
+class HostKVBuffer:
+    """The host tier's memory: ``[num_layers, 2, slots, block_size, kv_heads, head_dim]`` in the
+    pool's storage dtype (pinned when the pool is on CUDA), plus fp8's per-block scales."""
+
+    pool: torch.Tensor
+    scales: torch.Tensor | None = None
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A byte view: index_copy on CPU does not take every dtype (fp8), bytes copy the same."""
+    return tensor.view(torch.uint8)
 
 
 class PagedKVCache:
@@ -47,6 +63,23 @@ class PagedKVCache:
         blocks = self._gather(layer, block_tables)
         tokens = blocks.view(2, *block_tables.shape[:-1], -1, *blocks.shape[-2:])
         return tokens[0], tokens[1]
+
+    def allocate_host(self, num_slots: int) -> HostKVBuffer:
+        """Host memory for ``num_slots`` blocks of every layer's K and V."""
+        shape = (*self.pool.shape[:2], num_slots, *self.pool.shape[3:])
+        pinned = self.pool.device.type == "cuda"
+        return HostKVBuffer(torch.zeros(shape, dtype=self.pool.dtype, device="cpu", pin_memory=pinned))
+
+    def copy_to_host(self, host: HostKVBuffer, blocks: list[int], slots: list[int]) -> None:
+        """Copy device ``blocks`` (all layers, K and V) into host ``slots``; both lists without repeats."""
+        data = _as_bytes(self.pool).index_select(2, torch.tensor(blocks, device=self.pool.device))
+        _as_bytes(host.pool).index_copy_(2, torch.tensor(slots), data.cpu())
+
+    def copy_from_host(self, host: HostKVBuffer, slots: list[int], blocks: list[int]) -> None:
+        """Copy host ``slots`` into device ``blocks`` (all layers, K and V); both lists without repeats."""
+        data = _as_bytes(host.pool).index_select(2, torch.tensor(slots))
+        device_blocks = torch.tensor(blocks, device=self.pool.device)
+        _as_bytes(self.pool).index_copy_(2, device_blocks, data.to(self.pool.device))
 
     def _gather(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         """``[2, blocks, block_size, heads, dim]`` in the compute dtype, in the scratch buffer."""
@@ -97,6 +130,25 @@ class Fp8PagedKVCache(PagedKVCache):
         new_scales = (blocks.abs().amax(dim=(2, 3, 4)) / FP8_MAX).clamp_(min=torch.finfo(torch.float32).tiny)
         pool[:, touched] = (blocks / new_scales[:, :, None, None, None]).to(FP8_DTYPE)
         scales[:, touched] = new_scales
+
+    def allocate_host(self, num_slots: int) -> HostKVBuffer:
+        host = super().allocate_host(num_slots)
+        pinned = self.scales.device.type == "cuda"
+        shape = (*self.scales.shape[:2], num_slots)
+        host.scales = torch.ones(shape, dtype=torch.float32, device="cpu", pin_memory=pinned)
+        return host
+
+    def copy_to_host(self, host: HostKVBuffer, blocks: list[int], slots: list[int]) -> None:
+        super().copy_to_host(host, blocks, slots)
+        assert host.scales is not None
+        scales = self.scales.index_select(2, torch.tensor(blocks, device=self.scales.device))
+        host.scales.index_copy_(2, torch.tensor(slots), scales.cpu())
+
+    def copy_from_host(self, host: HostKVBuffer, slots: list[int], blocks: list[int]) -> None:
+        super().copy_from_host(host, slots, blocks)
+        assert host.scales is not None
+        scales = host.scales.index_select(2, torch.tensor(slots)).to(self.scales.device)
+        self.scales.index_copy_(2, torch.tensor(blocks, device=self.scales.device), scales)
 
     def _gather(self, layer: int, block_tables: torch.Tensor) -> torch.Tensor:
         blocks = super()._gather(layer, block_tables)

@@ -89,6 +89,7 @@ class LLMEngine:
         metrics.track_state(
             lambda: self.block_manager.usage, lambda: len(self.scheduler.running), lambda: len(self.scheduler.waiting)
         )
+        metrics.track_host_tier(lambda: len(self.block_manager.host), lambda: self.block_manager.host.usage)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -111,9 +112,16 @@ class LLMEngine:
         max_total_tokens: int,
         eos_token_id: int | None,
         cache_salt: str | None = None,
+        session: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; closing the iterator early aborts the request."""
-        seq = Sequence(next(self._seq_ids), prompt_token_ids, sampling, max_total_tokens, cache_salt, eos_token_id)
+        """Stream a request's outputs; closing the iterator early aborts the request.
+
+        ``session`` (the request's ``kvgate_session``) asks the block manager to keep this turn's
+        blocks longer than one-shot blocks.
+        """
+        seq = Sequence(
+            next(self._seq_ids), prompt_token_ids, sampling, max_total_tokens, cache_salt, eos_token_id, session
+        )
         request = _Request(seq, IncrementalDetokenizer(self.tokenizer, sampling.stop), asyncio.Queue())
         self._commands.put(lambda: self._add(request))
         finished = False
@@ -144,6 +152,11 @@ class LLMEngine:
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "num_preemptions": self.scheduler.num_preemptions,
+            "host_blocks": block_manager.host.num_slots,
+            "host_cached_blocks": len(block_manager.host),
+            "host_kv_cache_usage": block_manager.host.usage,
+            "host_hit_blocks": block_manager.num_host_hit_blocks,
+            "retained_free_blocks": block_manager.num_retained_free_blocks,
             "prefill_tokens_per_s": self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else 0.0,
         }
 
@@ -187,9 +200,11 @@ class LLMEngine:
         preemptions_before = self.scheduler.num_preemptions
         step = self.scheduler.schedule()
         self.metrics.num_preemptions.inc(self.scheduler.num_preemptions - preemptions_before)
+        started = time.monotonic()
+        if step.transfers:
+            self.runner.transfer(step.transfers)
         if not step.chunks:
             return False
-        started = time.monotonic()
         sampled = self.runner.execute(step.chunks)
         now = time.monotonic()
         self._record_prefill_rate(step, now - started)
@@ -213,7 +228,10 @@ class LLMEngine:
         if not request.cache_lookup_counted:
             request.cache_lookup_counted = True
             self.metrics.prefix_cache_queries.inc(seq.num_prompt_tokens)
-            self.metrics.prefix_cache_hits.inc(seq.num_cached_tokens or 0)
+            host_hits = seq.num_host_cached_tokens or 0
+            self.metrics.prefix_cache_hits.inc((seq.num_cached_tokens or 0) - host_hits)
+            self.metrics.external_prefix_cache_queries.inc(seq.num_prompt_tokens)
+            self.metrics.external_prefix_cache_hits.inc(host_hits)
             self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
         if token_id is None:
             return None

@@ -28,7 +28,7 @@ _LATENCY_BUCKETS = (
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, block_size: int, num_blocks: int) -> None:
+    def __init__(self, model_name: str, block_size: int, num_blocks: int, host_blocks: int = 0) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         registry = self.registry
@@ -43,7 +43,15 @@ class EngineMetrics:
             return Histogram(name, doc, labels, buckets=_LATENCY_BUCKETS, registry=registry).labels(model_name)
 
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the device prefix cache (host-tier hits not included)."
+        )
+        self.external_prefix_cache_queries = counter(
+            "vllm:external_prefix_cache_queries", "Prompt tokens looked up beyond the device cache (host tier)."
+        )
+        self.external_prefix_cache_hits = counter(
+            "vllm:external_prefix_cache_hits", "Prompt tokens copied back from the host KV tier instead of recomputed."
+        )
         self.num_preemptions = counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens admitted.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
@@ -60,12 +68,26 @@ class EngineMetrics:
             "vllm:cache_config_info", "KV cache configuration.", ["block_size", "num_gpu_blocks"], registry=registry
         )
         cache_info.labels(str(block_size), str(num_blocks)).set(1)
+        Gauge(
+            "kvgate:host_kv_cache_blocks",
+            "Host KV tier capacity in blocks (0: no host tier).",
+            labels,
+            registry=registry,
+        ).labels(model_name).set(host_blocks)
+        self.host_cached_blocks = gauge("kvgate:host_kv_cache_used_blocks", "Blocks held in the host KV tier.")
+        self.host_usage = gauge(
+            "kvgate:host_kv_cache_usage_perc", "Fraction of the host KV tier holding blocks (0 to 1)."
+        )
 
     def track_state(self, usage: Callable[[], float], running: Callable[[], int], waiting: Callable[[], int]) -> None:
         """Read the gauges from the engine at scrape time."""
         self.kv_cache_usage.set_function(usage)
         self.num_running.set_function(running)
         self.num_waiting.set_function(waiting)
+
+    def track_host_tier(self, cached_blocks: Callable[[], int], usage: Callable[[], float]) -> None:
+        self.host_cached_blocks.set_function(cached_blocks)
+        self.host_usage.set_function(usage)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

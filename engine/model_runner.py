@@ -3,10 +3,10 @@
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.kv_cache import Fp8PagedKVCache, PagedKVCache
+from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
-from engine.runner_api import SeqChunk
+from engine.runner_api import BlockTransfer, SeqChunk
 from engine.sampler import Sampler
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,6 +30,7 @@ class TorchModelRunner:
         device: str = "cpu",
         dtype: str = "float32",
         kv_cache_dtype: str = "auto",
+        host_blocks: int = 0,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -50,7 +51,23 @@ class TorchModelRunner:
         else:
             storage = compute_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
             self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
+        self.host_kv: HostKVBuffer | None = self.kv_cache.allocate_host(host_blocks) if host_blocks else None
         self.sampler = Sampler(self.device)
+
+    @torch.inference_mode()
+    def transfer(self, transfers: list[BlockTransfer]) -> None:
+        """Host-tier copies in order, batched into runs of one direction that reuse no block or slot."""
+        host = self.host_kv
+        if host is None:
+            assert not transfers, "host-tier copies without a host tier"
+            return
+        for run in _copy_runs(transfers):
+            blocks = [transfer.device_block for transfer in run]
+            slots = [transfer.host_slot for transfer in run]
+            if run[0].to_host:
+                self.kv_cache.copy_to_host(host, blocks, slots)
+            else:
+                self.kv_cache.copy_from_host(host, slots, blocks)
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
@@ -88,3 +105,20 @@ class TorchModelRunner:
 
     def release(self, seq_id: int) -> None:
         """Nothing to forget: seeded draws derive from (seed, num_generated), not from kept state."""
+
+
+def _copy_runs(transfers: list[BlockTransfer]) -> list[list[BlockTransfer]]:
+    """Consecutive transfers of one direction, cut wherever a block or slot would repeat (order matters then)."""
+    runs: list[list[BlockTransfer]] = []
+    blocks: set[int] = set()
+    slots: set[int] = set()
+    for transfer in transfers:
+        fresh = transfer.device_block not in blocks and transfer.host_slot not in slots
+        if runs and runs[-1][0].to_host == transfer.to_host and fresh:
+            runs[-1].append(transfer)
+        else:
+            runs.append([transfer])
+            blocks, slots = set(), set()
+        blocks.add(transfer.device_block)
+        slots.add(transfer.host_slot)
+    return runs

@@ -46,12 +46,26 @@ class SeqChunk:
     """Tokens this sequence has generated so far (seeded sampling stays reproducible per step)."""
 
 
+@dataclass(frozen=True)
+class BlockTransfer:
+    """One block's K/V copied between the device pool and the host tier (all layers)."""
+
+    to_host: bool
+    """True: device block -> host slot (an eviction); False: host slot -> device block (a host hit)."""
+    device_block: int
+    host_slot: int
+
+
 class ModelRunner(Protocol):
     block_size: int
     num_blocks: int
 
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """Compute one step; a sampled token id for each chunk with ``sample`` set, else None."""
+        ...
+
+    def transfer(self, transfers: list[BlockTransfer]) -> None:
+        """Do the block copies, in order, before the next ``execute`` (they may reuse blocks and slots)."""
         ...
 
     def release(self, seq_id: int) -> None:

@@ -8,10 +8,10 @@ prefix cache) and it goes back to the head of the queue to be recomputed.
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
-from engine.runner_api import SeqChunk
+from engine.runner_api import BlockTransfer, SeqChunk
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -19,6 +19,8 @@ from engine.sequence import Sequence, SequenceStatus
 class ScheduledStep:
     seqs: list[Sequence]
     chunks: list[SeqChunk]
+    transfers: list[BlockTransfer] = field(default_factory=list)
+    """Host-tier copies to run before the chunks (evictions to host, host hits back to the device)."""
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -65,9 +67,11 @@ class Scheduler:
             self.waiting.popleft()
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
+                seq.num_host_cached_tokens = seq.num_host_hit_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._add_chunk(step, seq, budget)
+        step.transfers = self.block_manager.take_transfers()
         return step
 
     def postprocess(self, step: ScheduledStep, sampled: list[int | None]) -> None:

@@ -29,12 +29,18 @@ class Sequence:
     """Hard cap on prompt + output (the engine's max model length)."""
     cache_salt: str | None = None
     eos_token_id: int | None = None
+    session: str | None = None
+    """The client's session key (``kvgate_session``): a retention hint for the block manager."""
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None
-    """Prompt tokens found in the prefix cache at first admission (None until admitted)."""
+    """Prompt tokens found in the prefix cache at first admission (None until admitted), host tier included."""
+    num_host_hit_tokens: int = 0
+    """Of the tokens found in cache at the last admission, those copied back from the host tier."""
+    num_host_cached_tokens: int | None = None
+    """Of ``num_cached_tokens``, those copied back from the host tier."""
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks of ``token_ids`` computed so far (grows lazily)."""

@@ -8,7 +8,10 @@ fraction of the CPU. It never imports torch.
 import time
 from dataclasses import dataclass
 
-from engine.runner_api import SeqChunk
+from engine.runner_api import BlockTransfer, SeqChunk
+
+DEFAULT_HOST_BANDWIDTH_GBS = 25.0
+"""Host <-> device copy bandwidth, GB/s: a PCIe 4.0 x16 link in practice (PCIe 5.0 about twice)."""
 
 SIM_TEXT = (
     " the quick brown fox jumps over a lazy dog while seven small birds sing in green trees near an old stone bridge."
@@ -23,7 +26,10 @@ class SimCosts:
     A decode step of ``b`` sequences holding ``c`` context tokens in all costs
     ``decode_base_s + b * decode_per_seq_s + c * decode_per_context_token_s``; prefill chunks
     cost ``prefill_per_token_s`` per new token plus ``prefill_per_token_context_s`` per new token
-    per already-cached context token (attention over the cached prefix).
+    per already-cached context token (attention over the cached prefix). Host-tier copies (an
+    eviction to host memory, a host hit copied back) cost ``host_copy_per_token_s`` per token of
+    the copied block, before the step: the model's KV bytes per token over the host link's
+    bandwidth (``--sim-host-bandwidth-gbs`` recomputes it for the served model).
     """
 
     step_overhead_s: float
@@ -32,6 +38,7 @@ class SimCosts:
     decode_base_s: float
     decode_per_seq_s: float
     decode_per_context_token_s: float
+    host_copy_per_token_s: float = 0.0
 
     def step_seconds(self, chunks: list[SeqChunk]) -> float:
         seconds = self.step_overhead_s
@@ -55,6 +62,7 @@ SMOLLM2_CPU = SimCosts(
     decode_base_s=0.0467,
     decode_per_seq_s=0.0078,
     decode_per_context_token_s=1.84e-5,
+    host_copy_per_token_s=46_080 / (DEFAULT_HOST_BANDWIDTH_GBS * 1e9),
 )
 """The real engine's runner on SmolLM2-135M, float32, block 16, CPU, one torch thread.
 
@@ -64,6 +72,8 @@ about 8): prefill of 2,000 tokens 16.8 s, 100 new tokens after 1,900 cached 0.97
 of batch 1 / 8 / 32 at context 1,024 in 94 / 197 / 916 ms. The step overhead is folded into the
 other terms. An idle machine is several times faster; benchmarks scale all constants down (the
 ``--sim-*`` flags, or ``kvgate bench run --sim-prefill-us``, which scales every constant by one factor).
+Host copies: SmolLM2-135M's float32 KV is 30 layers x 2 (K, V) x 3 KV heads x 64 dims x 4 bytes
+= 46,080 bytes per token (``planner.kv_math.kv_bytes_per_token``), over ``DEFAULT_HOST_BANDWIDTH_GBS``.
 """
 
 SIM_PRESETS: dict[str, SimCosts] = {"smollm2-cpu": SMOLLM2_CPU, "instant": SimCosts(0, 0, 0, 0, 0, 0)}
@@ -86,6 +96,10 @@ class SimRunner:
     def _word_token(self, chunk: SeqChunk) -> int:
         """The cycle's token at the position being generated: a pure function of the sequence length."""
         return self.word_token_ids[(chunk.start_pos + len(chunk.token_ids)) % len(self.word_token_ids)]
+
+    def transfer(self, transfers: list[BlockTransfer]) -> None:
+        """Host-tier copies take their bandwidth's time; there is no KV to move."""
+        time.sleep(len(transfers) * self.block_size * self.costs.host_copy_per_token_s)
 
     def release(self, seq_id: int) -> None:
         """The cost model keeps no per-sequence state."""

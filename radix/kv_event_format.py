@@ -14,6 +14,10 @@ from typing import Any
 import msgspec
 
 ExternalBlockHash = bytes | int
+MEDIUM_GPU = "GPU"
+"""The device pool (vLLM's name for it, whatever the accelerator)."""
+MEDIUM_CPU = "CPU"
+"""Host memory (vLLM's CPU offloading, the bundled engine's host tier)."""
 
 
 @dataclass
@@ -23,13 +27,14 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
-    medium: str | None = "GPU"
+    medium: str | None = MEDIUM_GPU
+    lora_name: str | None = None
 
 
 @dataclass
 class BlockRemoved:
     block_hashes: list[ExternalBlockHash]
-    medium: str | None = "GPU"
+    medium: str | None = MEDIUM_GPU
 
 
 @dataclass
@@ -41,7 +46,7 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 _EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
 _POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
