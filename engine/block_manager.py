@@ -309,7 +309,7 @@ class BlockManager:
 
     def _pop_cached_free(self) -> int:
         """The next cached-free block to evict: one-shots first, then retained turns."""
-        if not self._evictable and self.retention is not None:
+        if self._retained and self.retention is not None:
             self._apply_retention(self.retention.expire(), [])
         queue = self._evictable if self._evictable else self._retained
         block_id, _ = queue.popitem(last=False)

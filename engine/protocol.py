@@ -46,6 +46,8 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    kvgate_session: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The client's session key, forwarded by the gateway: a retention hint (engine/session_retention.py)."""
 
     @property
     def include_usage(self) -> bool:

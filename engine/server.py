@@ -125,7 +125,12 @@ class EngineServer:
     ) -> web.StreamResponse:
         params = sampling_params(body, len(prompt_ids), self.max_model_len)
         outputs = self.engine.generate(
-            prompt_ids, params, self.max_model_len, self.tokenizer.eos_token_id, body.cache_salt
+            prompt_ids,
+            params,
+            self.max_model_len,
+            self.tokenizer.eos_token_id,
+            body.cache_salt,
+            body.kvgate_session,
         )
         async with aclosing(outputs):
             if body.stream:

@@ -13,6 +13,7 @@ from engine.block_manager import BlockManager
 from engine.runner_api import BlockTransfer, SamplingParams, SeqChunk
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.session_retention import SessionRetention
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored
 
@@ -138,14 +139,20 @@ def test_a_block_recomputed_on_device_leaves_the_host_pool() -> None:
 
 
 def run_workload(
-    prompts: list[list[int]], num_blocks: int, host_slots: int, max_num_seqs: int = 3, budget: int = 6
+    prompts: list[list[int]],
+    num_blocks: int,
+    host_slots: int,
+    max_num_seqs: int = 3,
+    budget: int = 6,
+    sessions: list[str | None] | None = None,
 ) -> tuple[BlockManager, TokenKVRunner, list[Sequence]]:
-    manager = BlockManager(num_blocks, BLOCK, MODEL, host_blocks=host_slots)
+    retention = SessionRetention(num_blocks // 2, ttl_s=600) if sessions else None
+    manager = BlockManager(num_blocks, BLOCK, MODEL, host_blocks=host_slots, retention=retention)
     scheduler = Scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     runner = TokenKVRunner(num_blocks, host_slots)
     seqs = []
     for seq_id, prompt in enumerate(prompts):
-        seq = make_seq(seq_id, prompt, max_tokens=3)
+        seq = make_seq(seq_id, prompt, max_tokens=3, session=sessions[seq_id] if sessions else None)
         runner.tokens[seq_id] = seq.token_ids
         scheduler.add(seq)
         seqs.append(seq)
@@ -180,14 +187,17 @@ def test_one_at_a_time_replays_hit_the_host_with_the_right_kv() -> None:
     st.lists(st.tuples(st.integers(0, 4), st.integers(1, 24)), min_size=1, max_size=14),
     st.integers(9, 16),
     st.integers(0, 12),
+    st.booleans(),
 )
 def test_random_workloads_keep_kv_right_and_leak_nothing(
-    shapes: list[tuple[int, int]], num_blocks: int, host_slots: int
+    shapes: list[tuple[int, int]], num_blocks: int, host_slots: int, with_sessions: bool
 ) -> None:
-    """Concurrent requests, preemptions (pools just over one sequence), hits on device and host: every attended
-    position holds its token, and afterwards every block and host slot is accounted for."""
+    """Concurrent requests, preemptions (pools just over one sequence), hits on device and host,
+    sessions retained or not: every attended position holds its token, and afterwards every
+    block and host slot is accounted for."""
     prompts = [[family] * 6 + list(range(family * 100, family * 100 + length)) for family, length in shapes]
-    manager, runner, _ = run_workload(prompts, num_blocks, host_slots)
+    sessions: list[str | None] = [f"s{family}" if family % 2 else None for family, _ in shapes]
+    manager, runner, _ = run_workload(prompts, num_blocks, host_slots, sessions=sessions if with_sessions else None)
     assert manager.num_free_blocks == manager.num_blocks
     assert len(manager.host) <= host_slots
     manager.assert_invariants()
