@@ -94,8 +94,8 @@ def _decode_event(item: Any) -> KVEvent | None:
         fields = dict(zip(_POSITIONAL_FIELDS.get(name, ()), item[1:], strict=False))
     else:
         return None
-    cls = _EVENT_TYPES.get(name)
-    if cls is None:
+    cls = _EVENT_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None or not isinstance(name, str):
         return None
     known = _POSITIONAL_FIELDS[name]
     return cls(**{key: value for key, value in fields.items() if key in known})

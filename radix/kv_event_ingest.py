@@ -7,6 +7,13 @@ map from the engine's hash of each block to the kvgate hashes it covers (an engi
 ``k * block_size`` tokens is ``k`` kvgate blocks). A 16-byte hash over blocks of kvgate's size
 is taken as kvgate's own, which is what keeps salted requests exact on bundled engines.
 
+LoRA: a block cached under an adapter is re-derived from the adapter's root
+(``root_hash(model, adapter=...)``, the event's ``lora_name``; an event with only the older
+``lora_id`` gets a root of its own, ``lora-id:<id>``), so it never matches a base-model request
+or another adapter's. Tiers: an event's ``medium`` says where the block lives; None or "GPU"
+is the device, any other ("CPU", a disk tier) is host memory, recorded as such in the index so
+the router can price a hit there as a copy rather than as free (radix/prefix_index.py).
+
 Limitation: events carry no cache salt. A foreign engine's blocks are re-derived from the
 unsalted root of the replica's model, so salted prompts on vLLM are only known to the router
 through its short-lived speculative entries (see gateway/routing/cache_tracker.py).
@@ -18,12 +25,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from radix.hashing import BlockHash, hash_block, root_hash
-from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, ExternalBlockHash
+from radix.kv_event_format import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    ExternalBlockHash,
+)
 from radix.prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 
 KVGATE_HASH_BYTES = 16
+_DEVICE, _HOST = 1, 2
+"""Tier bits of ``KVEventApplier._tiers``."""
+
+
+def is_host_medium(medium: str | None) -> bool:
+    """Whether an event's ``medium`` is off the device (None, as older vLLM sends, is the device)."""
+    return medium is not None and medium.upper() != MEDIUM_GPU
+
+
+def adapter_of(event: BlockStored) -> str | None:
+    """The LoRA adapter whose hashes the event's blocks carry (None: the base model)."""
+    if event.lora_name:
+        return event.lora_name
+    return f"lora-id:{event.lora_id}" if event.lora_id is not None else None
 
 
 @dataclass
@@ -64,9 +92,13 @@ class KVEventApplier:
         blocks of this size, so a prefix match counts only in multiples of it."""
         self.speculative = speculative
         self.counters = IngestCounters()
-        self._root = root_hash(model)
+        self._model = model
+        self._roots: dict[str | None, BlockHash] = {None: root_hash(model)}
         self._clock = clock
         self._derived: dict[ExternalBlockHash, tuple[BlockHash, ...]] = {}
+        self._tiers: dict[ExternalBlockHash, int] = {}
+        """Tiers (``_DEVICE | _HOST``) each derived engine block is stored in: its derivation is
+        kept until it has left all of them."""
 
     def apply(self, batch: EventBatch) -> None:
         self.counters.batches += 1
@@ -83,6 +115,7 @@ class KVEventApplier:
         """The replica's cache is empty (it said so, or it restarted)."""
         self.counters.clears += 1
         self._derived.clear()
+        self._tiers.clear()
         self.index.clear(self.replica)
         if self.speculative is not None:
             self.speculative.clear(self.replica)
@@ -91,23 +124,30 @@ class KVEventApplier:
         hashes = self._kvgate_hashes(event)
         if hashes is None:
             return
+        on_host = is_host_medium(event.medium)
+        tier = _HOST if on_host else _DEVICE
+        for external in event.block_hashes:
+            if external in self._derived:
+                self._tiers[external] = self._tiers.get(external, 0) | tier
         self.engine_block_size = event.block_size
-        self.index.insert(self.replica, hashes, now)
+        self.index.insert(self.replica, hashes, now, on_host)
         if self.speculative is not None:
             self.speculative.remove(self.replica, hashes)
         self.counters.blocks_stored += len(hashes)
 
     def _removed(self, event: BlockRemoved) -> None:
         hashes: list[BlockHash] = []
+        on_host = None if event.medium is None else is_host_medium(event.medium)
         for external in event.block_hashes:
-            derived = self._derived.pop(external, None)
+            derived = self._derived.get(external)
             if derived is not None:
                 hashes.extend(derived)
-            elif _is_kvgate_hash(external):
+                self._forget_tier(external, on_host)
+            elif isinstance(external, bytes) and _is_kvgate_hash(external):
                 hashes.append(int.from_bytes(external, "big"))
             else:
                 self.counters.unknown_removals += 1
-        self.index.remove(self.replica, hashes)
+        self.index.remove(self.replica, hashes, on_host)
         if self.speculative is not None:
             self.speculative.remove(self.replica, hashes)
         self.counters.blocks_removed += len(hashes)
@@ -126,9 +166,10 @@ class KVEventApplier:
                 engine_size,
             )
             return None
-        if engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
-            return [int.from_bytes(external, "big") for external in event.block_hashes]
-        parent = self._parent_hash(event.parent_block_hash)
+        adapter = adapter_of(event)
+        if adapter is None and engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
+            return [int.from_bytes(external, "big") for external in event.block_hashes if isinstance(external, bytes)]
+        parent = self._parent_hash(event.parent_block_hash, adapter)
         if parent is None:
             self.counters.orphans += 1
             return None
@@ -144,13 +185,29 @@ class KVEventApplier:
             hashes.extend(covered)
         return hashes
 
-    def _parent_hash(self, external: ExternalBlockHash | None) -> BlockHash | None:
+    def _parent_hash(self, external: ExternalBlockHash | None, adapter: str | None) -> BlockHash | None:
         if external is None:
-            return self._root
+            root = self._roots.get(adapter)
+            if root is None:
+                root = self._roots[adapter] = root_hash(self._model, adapter=adapter)
+            return root
         derived = self._derived.get(external)
         if derived is not None:
             return derived[-1]
-        return int.from_bytes(external, "big") if _is_kvgate_hash(external) else None
+        if adapter is None and isinstance(external, bytes) and _is_kvgate_hash(external):
+            return int.from_bytes(external, "big")
+        return None
+
+    def _forget_tier(self, external: ExternalBlockHash, on_host: bool | None) -> None:
+        """The engine block left a tier (None: every tier); drop its derivation once it is in none."""
+        left = self._tiers.get(external, 0)
+        if on_host is not None:
+            left &= ~(_HOST if on_host else _DEVICE)
+        if left:
+            self._tiers[external] = left
+        else:
+            self._tiers.pop(external, None)
+            del self._derived[external]
 
 
 def _is_kvgate_hash(external: ExternalBlockHash) -> bool:

@@ -23,11 +23,19 @@ batch, down to ``capacity - capacity // 64`` blocks (``eviction_target``).
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
 insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops.
 
+Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
+tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
+``remove`` take the tier; a block a replica holds only on host has its bit in ``_host_only``
+(and in ``_on_host``, which also has the bits of blocks held on both). ``match`` counts blocks
+in any tier; ``host_blocks`` says how many of each match are host-only. Both masks are sparse:
+without host tiers they stay empty and cost nothing.
+
 Invariants (``check_integrity``):
 - a node exists iff at least one replica holds it, and its mask has exactly the bits of the
   replicas whose LRU order contains it;
 - each replica holds at most its capacity; the index holds at most ``max_blocks`` nodes;
-- each replica's blocks are in order of last use (I1 follows when ``now`` never decreases).
+- each replica's blocks are in order of last use (I1 follows when ``now`` never decreases);
+- ``_host_only`` bits are ``_on_host`` bits, and ``_on_host`` bits are holder bits.
 """
 
 from bisect import bisect_left
@@ -47,7 +55,18 @@ BYTES_PER_ENTRY = 50
 class PrefixIndex:
     """Per-replica prefix index with bounded memory; all methods are synchronous and O(blocks)."""
 
-    __slots__ = ("_holders", "_slot", "_names", "_bits", "_lru", "_capacity", "max_blocks", "evictions")
+    __slots__ = (
+        "_holders",
+        "_slot",
+        "_names",
+        "_bits",
+        "_lru",
+        "_capacity",
+        "_on_host",
+        "_host_only",
+        "max_blocks",
+        "evictions",
+    )
 
     def __init__(self, max_blocks: int | None = None) -> None:
         self._holders: dict[BlockHash, int] = {}
@@ -56,6 +75,10 @@ class PrefixIndex:
         self._bits: list[int] = []
         self._lru: list[dict[BlockHash, float]] = []
         self._capacity: list[int | None] = []
+        self._on_host: dict[BlockHash, int] = {}
+        """Replicas holding the block in host memory (perhaps on device too)."""
+        self._host_only: dict[BlockHash, int] = {}
+        """Replicas holding the block in host memory only: a hit there is a copy back."""
         self.max_blocks = max_blocks
         """Global cap on nodes: a memory safety net above the per-replica capacities."""
         self.evictions = 0
@@ -129,11 +152,28 @@ class PrefixIndex:
             matched[names[bit.bit_length() - 1]] = depth
         return matched
 
-    def insert(self, replica: str, hashes: list[BlockHash], now: float) -> None:
+    def host_blocks(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
+        """Of each replica's matched prefix (``match``'s result), the blocks it holds only on host.
+
+        Replicas with none are left out; without host tiers this is an empty dict at once.
+        """
+        if not self._host_only or not matched:
+            return {}
+        masks = list(map(self._host_only.get, hashes[: max(matched.values())], repeat(0)))
+        counts: dict[str, int] = {}
+        for replica, depth in matched.items():
+            bit = self._bits[self._slot[replica]]
+            count = sum(1 for mask in masks[:depth] if mask & bit)
+            if count:
+                counts[replica] = count
+        return counts
+
+    def insert(self, replica: str, hashes: list[BlockHash], now: float, on_host: bool = False) -> None:
         """Record that ``replica`` holds the chain ``hashes`` (from the root), used at ``now``.
 
         Blocks are touched leaf to root (invariant I1). A chain longer than the replica's
-        capacity keeps its first ``capacity`` blocks, as the engine's cache would.
+        capacity keeps its first ``capacity`` blocks, as the engine's cache would. ``on_host``:
+        the blocks are (also) in the replica's host-memory tier, not (only) on its device.
         """
         slot = self._slot[replica]
         capacity = self._capacity[slot]
@@ -151,18 +191,38 @@ class PrefixIndex:
         )
         deque(map(lru.pop, compress(leaf_first, held)), maxlen=0)
         lru.update(zip(leaf_first, repeat(now)))
+        if on_host:
+            self._mark_on_host(leaf_first, joining, bit)
+        elif self._host_only:
+            self._mark_on_device(leaf_first, bit)
         self._evict_to_capacity(slot)
         if self.max_blocks is not None and len(holders) > self.max_blocks:
             self._evict_to_global_cap()
 
-    def remove(self, replica: str, hashes: Sequence[BlockHash]) -> None:
-        """``replica`` no longer holds these blocks (unknown ones are ignored)."""
+    def remove(self, replica: str, hashes: Sequence[BlockHash], on_host: bool | None = None) -> None:
+        """``replica`` no longer holds these blocks (unknown ones are ignored).
+
+        ``on_host`` None: in no tier; False: no longer on its device (a block also on host stays,
+        host-only); True: no longer on host (a block also on device stays).
+        """
         slot = self._slot[replica]
         lru = self._lru[slot]
         bit = self._bits[slot]
         for block_hash in hashes:
-            if lru.pop(block_hash, None) is not None:
-                self._drop(block_hash, bit)
+            if block_hash not in lru:
+                continue
+            host_mask = self._on_host.get(block_hash, 0)
+            if on_host is not None and host_mask & bit:
+                if not on_host:
+                    self._host_only[block_hash] = self._host_only.get(block_hash, 0) | bit
+                    continue
+                if not self._host_only.get(block_hash, 0) & bit:
+                    _clear_bit(self._on_host, block_hash, bit)
+                    continue
+            elif on_host:
+                continue
+            del lru[block_hash]
+            self._drop(block_hash, bit)
 
     def clear(self, replica: str) -> None:
         """``replica`` holds nothing any more (its cache was reset)."""
@@ -204,6 +264,10 @@ class PrefixIndex:
         for slot, name in enumerate(self._names):
             assert name is not None or not self._lru[slot], f"free slot {slot} holds blocks"
         assert expected == self._holders, "replica masks disagree with the replicas' LRU orders"
+        for block_hash, mask in self._on_host.items():
+            assert mask and mask & ~self._holders.get(block_hash, 0) == 0, "a host bit without a holder bit"
+        for block_hash, mask in self._host_only.items():
+            assert mask and mask & ~self._on_host.get(block_hash, 0) == 0, "a host-only bit without a host bit"
         assert self.max_blocks is None or len(self._holders) <= self.max_blocks
 
     def _drop(self, block_hash: BlockHash, bit: int) -> None:
@@ -212,6 +276,22 @@ class PrefixIndex:
             self._holders[block_hash] = mask
         else:
             del self._holders[block_hash]
+        if self._on_host:
+            _clear_bit(self._on_host, block_hash, bit)
+            _clear_bit(self._host_only, block_hash, bit)
+
+    def _mark_on_host(self, blocks: list[BlockHash], joining: list[bool], bit: int) -> None:
+        """Blocks now in the replica's host tier; those it did not hold before are host-only."""
+        on_host, host_only = self._on_host, self._host_only
+        for block_hash, new in zip(blocks, joining, strict=True):
+            on_host[block_hash] = on_host.get(block_hash, 0) | bit
+            if new:
+                host_only[block_hash] = host_only.get(block_hash, 0) | bit
+
+    def _mark_on_device(self, blocks: list[BlockHash], bit: int) -> None:
+        """Blocks now on the replica's device: no longer host-only there."""
+        for block_hash in blocks:
+            _clear_bit(self._host_only, block_hash, bit)
 
     def _evict_to_capacity(self, slot: int) -> None:
         capacity = self._capacity[slot]
@@ -238,6 +318,15 @@ class PrefixIndex:
         while len(self._holders) > target:
             slot = max(self._slot.values(), key=lambda s: len(self._lru[s]))
             self._evict_oldest(slot, len(self._holders) - target)
+
+
+def _clear_bit(masks: dict[BlockHash, int], block_hash: BlockHash, bit: int) -> None:
+    mask = masks.get(block_hash, 0)
+    if mask & bit:
+        if mask == bit:
+            del masks[block_hash]
+        else:
+            masks[block_hash] = mask & ~bit
 
 
 def eviction_target(capacity: int) -> int:
