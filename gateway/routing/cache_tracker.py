@@ -7,6 +7,10 @@ Per replica, one of two modes:
   request and its BlockStored events arriving, its blocks are speculative entries in a second,
   short-lived index (``speculative_ttl_s``), so a burst of same-prefix requests is not
   scattered. Salted requests on engines that do not speak kvgate hashes rely on these alone.
+
+Host tiers (precise mode): blocks a replica's events place in host memory (medium "CPU") still
+match, but ``priced_cached`` weighs them at ``host_hit_cost`` of a recompute, so routing sees a
+host hit as what it is: cheaper than recomputing, dearer than a device hit.
 """
 
 import time
@@ -54,6 +58,27 @@ class CacheTracker:
                 if blocks > matched.get(replica, 0):
                     matched[replica] = blocks
         return matched
+
+    def host_blocks(self, hashes: list[int], matched: dict[str, int]) -> dict[str, int]:
+        """Of each replica's matched blocks (``match``'s result), those only in its host tier."""
+        return self.index.host_blocks(hashes, matched)
+
+    def priced_cached(self, hashes: list[int], matched: dict[str, int], cached: dict[str, int]) -> dict[str, int]:
+        """Cached tokens per replica as routing weighs them: a host-tier token counts
+        ``1 - host_hit_cost`` of a device hit (it saves the recompute but costs the copy back).
+
+        ``cached`` is the engine-facing prediction (host hits included, as ``cached_tokens`` counts them).
+        """
+        host = self.host_blocks(hashes, matched)
+        if not host:
+            return cached
+        cost = self._config.host_hit_cost
+        priced = dict(cached)
+        for replica, blocks in host.items():
+            tokens = cached.get(replica, 0)
+            if tokens:
+                priced[replica] = tokens - round(min(blocks * self.block_size, tokens) * cost)
+        return priced
 
     def record_routed(self, hashes: list[int], replica: str) -> None:
         target = self.speculative if self.is_precise(replica) else self.index

@@ -57,9 +57,10 @@ class Router:
             name: cached_tokens(blocks, prompt, self.block_size, self.tracker.engine_block_size(name))
             for name, blocks in matched.items()
         }
+        priced = self.tracker.priced_cached(request.block_hashes, matched, cached)
         index = self.tracker.index
         indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
-        ctx = RouteContext(request, candidates, cached, indexed, self.config)
+        ctx = RouteContext(request, candidates, priced, indexed, self.config)
         ranked = self.policy.rank(ctx)
         self._remember(request.request_id, _Pending(matched, cached))
         return RouteDecision(ranked[0], self.policy.reason(ctx, ranked[0]), cached.get(ranked[0], 0), ranked)
