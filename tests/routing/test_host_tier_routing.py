@@ -36,7 +36,7 @@ def test_a_host_hit_beats_a_recompute_and_reports_its_tokens_as_cached() -> None
 
 def test_the_price_of_a_host_token_is_configurable() -> None:
     hashes = request(1).block_hashes
-    for cost, priced in ((0.0, 960), (0.05, 912), (1.0, 0)):
+    for cost, priced in ((0.0, 960), (0.15, 816), (1.0, 0)):
         router = precise_router(host_hit_cost=cost)
         hold(router, "a", 1, on_host=True)
         matched = router.tracker.match(hashes)
