@@ -10,7 +10,8 @@ Per replica, one of two modes:
 
 Host tiers (precise mode): blocks a replica's events place in host memory (medium "CPU") still
 match, but ``priced_cached`` weighs them at ``host_hit_cost`` of a recompute, so routing sees a
-host hit as what it is: cheaper than recomputing, dearer than a device hit.
+host hit as what it is: cheaper than recomputing, dearer than a device hit. Those blocks are
+beyond the device's capacity, so precise replicas are not capped by it in the index.
 """
 
 import time
@@ -99,7 +100,7 @@ class CacheTracker:
             if new is None or (new.kv_events, new.model) != (old.kv_events, old.model):
                 self._forget(name)
         for name, spec in wanted.items():
-            capacity = spec.capacity_blocks or config.default_capacity_blocks
+            capacity = _index_capacity(spec, config)
             if name not in self._specs:
                 self._specs[name] = spec
                 self.index.add_replica(name, capacity)
@@ -159,3 +160,12 @@ class CacheTracker:
         cutoff = self._clock() - self._config.speculative_ttl_s
         for name in self.speculative.replicas:
             self.speculative.expire(name, cutoff)
+
+
+def _index_capacity(spec: ReplicaSpec, config: RoutingConfig) -> int | None:
+    """Blocks the index keeps for a replica. Predicted mode models the replica's LRU with its KV
+    capacity; precise mode follows its events, which also report blocks in a host tier beyond
+    the device capacity, so only ``max_index_blocks`` bounds it."""
+    if spec.kv_events is not None:
+        return None
+    return spec.capacity_blocks or config.default_capacity_blocks
