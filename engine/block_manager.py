@@ -248,10 +248,10 @@ class BlockManager:
             assert not retained, "retained blocks without retention"
             return
         self.retention.assert_invariants()
-        for block_id in retained:
-            assert self.retention.is_retained(self.blocks[block_id].block_hash or 0), "a retained block is not held"
-        for block_id in evictable:
-            assert not self.retention.is_retained(self.blocks[block_id].block_hash or 0), "a held block is evictable"
+        for block_id in retained | evictable:
+            free_hash = self.blocks[block_id].block_hash
+            assert free_hash is not None
+            assert self.retention.is_retained(free_hash) == (block_id in retained), "a block in the wrong free queue"
 
     def _prefix_hits(self, seq: Sequence) -> list[int | _HostHit]:
         """Cached blocks matching the sequence's leading full blocks, token ids compared.
