@@ -16,7 +16,7 @@ class KVEventPublisher:
     """
 
     def __init__(self, endpoint: str, topic: str = DEFAULT_TOPIC) -> None:
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(endpoint)

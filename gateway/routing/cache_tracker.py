@@ -143,6 +143,7 @@ class CacheTracker:
         }
 
     def _subscribe(self, spec: ReplicaSpec) -> None:
+        assert spec.kv_events is not None
         applier = KVEventApplier(self.index, spec.name, spec.model, self.block_size, self.speculative, self._clock)
         subscriber = KVEventSubscriber(spec.kv_events, applier)
         subscriber.start()
