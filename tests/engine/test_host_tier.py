@@ -145,7 +145,10 @@ def run_workload(
     max_num_seqs: int = 3,
     budget: int = 6,
     sessions: list[str | None] | None = None,
+    aborted: frozenset[int] = frozenset(),
 ) -> tuple[BlockManager, TokenKVRunner, list[Sequence]]:
+    """Run the prompts to completion; ``aborted`` requests are cut after their first step (a
+    client gone), as ``LLMEngine._abort`` does."""
     retention = SessionRetention(num_blocks // 2, ttl_s=600) if sessions else None
     manager = BlockManager(num_blocks, BLOCK, MODEL, host_blocks=host_slots, retention=retention)
     scheduler = Scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
@@ -164,7 +167,7 @@ def run_workload(
         sampled = runner.execute(step.chunks)
         scheduler.postprocess(step, sampled)
         for seq in step.seqs:
-            if seq.finish_reason is not None and not seq.is_finished:
+            if (seq.finish_reason is not None or seq.seq_id in aborted) and not seq.is_finished:
                 scheduler.finish(seq)
         manager.assert_invariants()
     assert not scheduler.has_work
@@ -188,16 +191,19 @@ def test_one_at_a_time_replays_hit_the_host_with_the_right_kv() -> None:
     st.integers(9, 16),
     st.integers(0, 12),
     st.booleans(),
+    st.frozensets(st.integers(0, 13), max_size=4),
 )
 def test_random_workloads_keep_kv_right_and_leak_nothing(
-    shapes: list[tuple[int, int]], num_blocks: int, host_slots: int, with_sessions: bool
+    shapes: list[tuple[int, int]], num_blocks: int, host_slots: int, with_sessions: bool, aborted: frozenset[int]
 ) -> None:
-    """Concurrent requests, preemptions (pools just over one sequence), hits on device and host,
-    sessions retained or not: every attended position holds its token, and afterwards every
-    block and host slot is accounted for."""
+    """Concurrent requests, preemptions (pools just over one sequence), aborts, hits on device
+    and host, sessions retained or not: every attended position holds its token, and afterwards
+    every block and host slot is accounted for."""
     prompts = [[family] * 6 + list(range(family * 100, family * 100 + length)) for family, length in shapes]
     sessions: list[str | None] = [f"s{family}" if family % 2 else None for family, _ in shapes]
-    manager, runner, _ = run_workload(prompts, num_blocks, host_slots, sessions=sessions if with_sessions else None)
+    manager, runner, _ = run_workload(
+        prompts, num_blocks, host_slots, sessions=sessions if with_sessions else None, aborted=aborted
+    )
     assert manager.num_free_blocks == manager.num_blocks
     assert len(manager.host) <= host_slots
     manager.assert_invariants()
