@@ -66,7 +66,7 @@ class Bucket:
 
     def add(self, record: RequestRecord) -> None:
         self.overall.add(record)
-        if record.rejected:
+        if record.backend is None:
             return
         self.by_backend.setdefault(record.backend, Tally()).add(record)
         self.reasons[record.reason] += 1
@@ -95,7 +95,8 @@ class StatsWindow:
 
     def __init__(self, bucket_s: float, window_s: float) -> None:
         self.bucket_s = bucket_s
-        self.buckets: deque[Bucket] = deque(maxlen=max(1, math.ceil(window_s / bucket_s)))
+        self.window_buckets = max(1, math.ceil(window_s / bucket_s))
+        self.buckets: deque[Bucket] = deque(maxlen=self.window_buckets)
         self.totals = Tally()
         self.by_backend: dict[str, Tally] = {}
         self.by_tenant: dict[str, Tally] = {}
@@ -106,7 +107,7 @@ class StatsWindow:
         self._bucket(record.finished_at).add(record)
         self.totals.add(record)
         self.by_tenant.setdefault(record.tenant, Tally()).add(record)
-        if record.rejected:
+        if record.backend is None:
             return
         self.by_backend.setdefault(record.backend, Tally()).add(record)
         self.reasons[record.reason] += 1
@@ -126,7 +127,7 @@ class StatsWindow:
     def series(self, now: float | None = None) -> dict:
         """One point per bucket, oldest first, gaps filled, up to the bucket holding ``now``."""
         last = int((time.time() if now is None else now) // self.bucket_s)
-        by_index = {bucket.index: bucket for bucket in self.buckets if bucket.index > last - self.buckets.maxlen}
+        by_index = {bucket.index: bucket for bucket in self.buckets if bucket.index > last - self.window_buckets}
         first = min(by_index, default=last)
         points = [by_index.get(index) or Bucket(index) for index in range(first, last + 1)]
         backends = sorted({name for bucket in points for name in bucket.by_backend})
