@@ -3,8 +3,8 @@
 aiohttp answers a request it cannot parse (a bad header line, say) itself, before any
 middleware runs, in plain text that quotes part of the offending bytes. Here that answer is an
 OpenAI-shaped JSON error that quotes nothing. A connection whose request headers do not arrive
-whole within ``HEADER_TIMEOUT_S`` of their first byte (or of the connection, for the first
-request) is closed: a slow-trickle client cannot hold a connection open at no cost. The body has
+whole within ``header_timeout_s`` (config `timeouts.client_headers_s`) of their first byte (or
+of the connection, for the first request) is closed: a slow-trickle client cannot hold a connection open at no cost. The body has
 its own timeout in the handler.
 """
 
@@ -21,7 +21,6 @@ from gateway.errors import OpenAIError
 
 log = logging.getLogger("kvgate.http")
 
-HEADER_TIMEOUT_S = 10.0
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default is an hour)."""
 
@@ -29,11 +28,13 @@ KEEPALIVE_TIMEOUT_S = 75.0
 class GatewayRequestHandler(RequestHandler):
     """One client connection: header deadline, OpenAI-shaped parser errors."""
 
-    header_timeout_s = HEADER_TIMEOUT_S
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._header_deadline: asyncio.TimerHandle | None = None
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
@@ -51,8 +52,8 @@ class GatewayRequestHandler(RequestHandler):
         self._header_deadline = asyncio.get_running_loop().call_later(self.header_timeout_s, self._headers_too_slow)
 
     def _disarm_header_deadline(self) -> None:
-        if getattr(self, "_header_deadline", None) is not None:
-            self._header_deadline.cancel()  # type: ignore[union-attr]
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
             self._header_deadline = None
 
     def _headers_too_slow(self) -> None:
@@ -80,16 +81,21 @@ class GatewayRequestHandler(RequestHandler):
 
 
 class GatewayServer(web.Server):
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+
     def __call__(self) -> RequestHandler:
-        return GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+        return GatewayRequestHandler(self, header_timeout_s=self.header_timeout_s, loop=self._loop, **self._kwargs)
 
 
 class GatewayRunner(web.AppRunner):
     """``web.AppRunner`` whose connections are ``GatewayRequestHandler``s."""
 
-    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, header_timeout_s: float, **kwargs: Any) -> None:
         kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
         super().__init__(app, **kwargs)
+        self.header_timeout_s = header_timeout_s
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -98,5 +104,6 @@ class GatewayRunner(web.AppRunner):
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
             loop=server._loop,
+            header_timeout_s=self.header_timeout_s,
             **server._kwargs,
         )
