@@ -28,6 +28,10 @@ class PromptTokenizer(Protocol):
         """A lower bound on the tokens of ``text``, far cheaper than tokenizing it."""
         ...
 
+    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """A lower bound on the tokens of the rendered chat, before rendering it."""
+        ...
+
     async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
         """Token ids of a prompt or rendered chat; ``salt`` keys any cache per isolation domain."""
         ...
@@ -44,6 +48,10 @@ class ApproximateTokenizer:
 
     def min_tokens(self, text: str) -> int:
         return math.ceil(len(text) / CHUNK_CHARS)
+
+    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
+        chars = sum(len(message["content"]) for message in messages if isinstance(message.get("content"), str))
+        return math.ceil(chars / CHUNK_CHARS)
 
     async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
         return approximate_token_ids(prompt)
@@ -67,6 +75,8 @@ class ServedModel:
         if endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list):
             check_bound(len(prompt))
             return prompt
+        if endpoint is Endpoint.CHAT:
+            check_bound(self.tokenizer.min_chat_tokens(body["messages"]))
         try:
             text = (
                 self.tokenizer.render_chat(body["messages"], body.get("tools"))

@@ -79,6 +79,8 @@ class SegmentTokenizer:
         self._splitter = splitter if self.segmented else None
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
+        self.verbatim_roles = self._verbatim_roles()
+        """Roles whose message content the chat template copies into the prompt unchanged."""
 
     def _longest_token_bytes(self) -> int:
         """A byte-level vocabulary spells each byte as one character, so an entry covers as many
@@ -92,13 +94,47 @@ class SegmentTokenizer:
             for entry in tokenizer.get_vocab(with_added_tokens=True)
         )
 
+    def _verbatim_roles(self) -> frozenset[str]:
+        """Self-test: the roles (of system, developer, user) whose content shows up whole in every
+        probe conversation the template renders. Empty when the tokenizer normalizes its input
+        (the text it counts is then not the text rendered)."""
+        if self.chat.tokenizer.normalizer is not None:
+            return frozenset()
+        verbatim = set()
+        for role in ("system", "developer", "user"):
+            marker = f"kvgate verbatim probe for {role} 7f3a"
+            rendered = []
+            for before in ([], [{"role": "system", "content": "s"}], [{"role": "user", "content": "u"}]):
+                try:
+                    rendered.append(self.chat.render_chat([*before, {"role": role, "content": marker}]))
+                except TemplateError:
+                    continue
+            if rendered and all(marker in text for text in rendered):
+                verbatim.add(role)
+        return frozenset(verbatim)
+
     def min_tokens(self, text: str) -> int:
         """A lower bound on ``len(encode(text))``: each token covers at most ``longest_token_bytes``
         bytes of the text as the tokenizer's normalizer leaves it (cheap next to tokenizing)."""
         normalizer = self.chat.tokenizer.normalizer
         if normalizer is not None:
             text = normalizer.normalize_str(text)
-        return math.ceil(len(text.encode("utf-8", "surrogatepass")) / self.longest_token_bytes)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return math.ceil(size / self.longest_token_bytes)
+
+    def min_chat_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
+        """A lower bound on the tokens of the rendered chat, from the content of the messages whose
+        role the template copies verbatim, before anything is rendered: a content's characters
+        are no more than its bytes in the prompt."""
+        chars = 0
+        for message in messages:
+            if message.get("role") in self.verbatim_roles:
+                content = message.get("content")
+                if isinstance(content, str):
+                    chars += len(content)
+                elif isinstance(content, list):
+                    chars += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+        return math.ceil(chars / self.longest_token_bytes)
 
     def _splittable_special_tokens(self) -> dict[str, int]:
         """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the
