@@ -60,3 +60,32 @@ def test_a_normalizer_is_applied_before_the_bound(tokenizer_copy: Callable[..., 
     tokenizer = SegmentTokenizer(chat)
     text = "\U0000fb00" * 5000 + "ᄀ" + "\u1161" * 3
     assert tokenizer.min_tokens(text) <= len(chat.encode_text(text))
+
+
+conversations = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": texts}),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversation=conversations)
+def test_min_chat_tokens_bounds_the_rendered_chat_before_rendering(
+    chat_tokenizer: ChatTokenizer, segment_tokenizer: SegmentTokenizer, conversation: list[dict[str, str]]
+) -> None:
+    assert segment_tokenizer.verbatim_roles == {"system", "developer", "user"}
+    assert segment_tokenizer.min_chat_tokens(conversation) <= len(chat_tokenizer.encode_chat(conversation))
+
+
+def test_a_template_that_drops_a_roles_content_leaves_that_role_out(
+    tokenizer_copy: Callable[..., ChatTokenizer],
+) -> None:
+    template = (
+        "{% for message in messages %}{% if message['role'] != 'system' %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+        "{% endif %}{% endfor %}{{ '<|im_start|>assistant\n' }}"
+    )
+    tokenizer = SegmentTokenizer(tokenizer_copy(template=template))
+    assert tokenizer.verbatim_roles == {"developer", "user"}
+    assert tokenizer.min_chat_tokens([{"role": "system", "content": "x" * 10_000}]) == 0
