@@ -113,8 +113,8 @@ def header_text(request: web.Request, name: str) -> str | None:
 async def read_json(request: web.Request, gateway: Gateway) -> object:
     """The body as JSON, read within `timeouts.client_body_s` (408) and bounded before it is parsed.
 
-    The size limit is aiohttp's client_max_size (413 in the error middleware); a body aiohttp
-    cannot decompress is a 400.
+    The size limit is aiohttp's client_max_size (413); a body aiohttp cannot decompress is a 400.
+    Both are raised as OpenAIError so the request is recorded like any other refusal.
     """
     timeout_s = gateway.config.timeouts.client_body_s
     try:
@@ -126,6 +126,8 @@ async def read_json(request: web.Request, gateway: Gateway) -> object:
         ) from None
     except web.RequestPayloadError:
         raise bad_request("The request body could not be read or decompressed.") from None
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise OpenAIError(413, exc.text or "The request body is too large.", code="request_too_large") from None
     if not raw:
         raise bad_request("The request body is empty; expected a JSON object")
     if len(raw) > OFFLOAD_BODY_BYTES:
