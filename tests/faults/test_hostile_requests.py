@@ -156,6 +156,19 @@ def test_non_utf8_header_bytes_get_a_4xx_or_an_answer_not_a_500(cluster: Cluster
     assert status == 200
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(150_000)]},
+        {"unknown_field": [{} for _ in range(400_000)]},
+    ],
+)
+def test_bodies_of_many_small_objects_are_refused_before_parsing(cluster: Cluster, extra: dict) -> None:
+    """18.4: a 150k-entry tools array or a 400k-object unknown field held the event loop for a second."""
+    status, _, reply = post(cluster, "/v1/chat/completions", {**chat("hi", 2), **extra})
+    assert status == 400 and reply["error"]["code"] == "too_many_json_values"
+
+
 @pytest.mark.parametrize("bad_id", [-1, 2**32, 2**40])
 def test_token_ids_out_of_range_get_a_400(cluster: Cluster, bad_id: int) -> None:
     """18.5: 16 or more ids with one negative or >= 2**32 raised OverflowError in radix/hashing.py."""
