@@ -69,6 +69,10 @@ class TimeoutsConfig(ConfigSection):
     connect_s: float = Field(2.0, gt=0)
     first_token_s: float = Field(120.0, gt=0)
     idle_stream_s: float = Field(60.0, gt=0)
+    client_headers_s: float = Field(10.0, gt=0)
+    """A client's request headers must arrive whole within this long (applies at start-up)."""
+    client_body_s: float = Field(30.0, gt=0)
+    """A client's request body must arrive whole within this long (408 otherwise)."""
 
 
 class KvgateConfig(ConfigSection):

@@ -5,12 +5,16 @@ has both a free concurrency slot and room for the request's KV blocks, waiting i
 admission queue when none has; then the proxy call. A failure before the first byte reached
 the client counts against the replica's circuit breaker and is retried on another replica
 (bounded, with backoff); after the first byte it never is.
+
+The tenant is charged what the request used however it ends: the engine's usage, or, when the
+client left mid-stream (the handler is cancelled), its prompt plus the token-bearing chunks it
+was sent. ``Forwarding.progress`` keeps the latest attempt readable for the request log then.
 """
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -50,6 +54,15 @@ class Placement:
     kv_blocks: int
 
 
+@dataclass
+class Progress:
+    """How far a request got: its latest attempt, readable even after the handler is cancelled."""
+
+    decision: RouteDecision | None = None
+    outcome: UpstreamOutcome | None = None
+    queued_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class Forwarding:
     """What goes to the backend and back to the client, whatever replica serves it."""
@@ -60,6 +73,7 @@ class Forwarding:
     include_usage: bool
     headers: dict[str, str]
     client_request: web.Request
+    progress: Progress = field(default_factory=Progress)
 
 
 class Dispatcher:
@@ -81,10 +95,12 @@ class Dispatcher:
         pool.on_change(self.queue.notify)
 
     async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
-        async with tenant.admit(request.prompt_tokens + request.max_tokens) as charge:
-            dispatched = await self._dispatch_with_retries(request, tenant, forwarding)
-            charge.used = total_tokens(dispatched.outcome.usage) or charge.taken
-        return dispatched
+        """Charge the tenant's budget (its concurrency slot is already held), then place and forward."""
+        async with tenant.charge(request.prompt_tokens + request.max_tokens) as charge:
+            try:
+                return await self._dispatch_with_retries(request, tenant, forwarding)
+            finally:
+                charge.used = tokens_used(request, forwarding.progress.outcome, charge.taken)
 
     async def _dispatch_with_retries(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
         tried: set[str] = set()
@@ -93,8 +109,11 @@ class Dispatcher:
             if attempt:
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
             waiting_since = time.perf_counter()
-            placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried))
-            queued_s += time.perf_counter() - waiting_since
+            try:
+                placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried))
+            finally:
+                queued_s += time.perf_counter() - waiting_since
+                forwarding.progress.queued_s = queued_s
             decision = placement.decision
             if attempt:
                 decision = RouteDecision(decision.backend, "retry", decision.predicted_cached_tokens, decision.ranked)
@@ -142,8 +161,11 @@ class Dispatcher:
                     include_usage=forwarding.include_usage,
                     headers={**forwarding.headers, **decision_headers(decision)},
                     timeouts=self.timeouts,
+                    max_tokens=request.max_tokens,
+                    prompt_tokens=request.prompt_tokens,
                     on_first_token=prefill_done,
                 )
+                forwarding.progress.decision, forwarding.progress.outcome = decision, call.outcome
                 response, outcome = await forward(call, forwarding.client_request)
         except UpstreamFailed:
             backend.breaker.record_failure()
@@ -165,3 +187,17 @@ def decision_headers(decision: RouteDecision) -> dict[str, str]:
         "x-kvgate-route-reason": decision.reason,
         "x-kvgate-predicted-cached-tokens": str(decision.predicted_cached_tokens),
     }
+
+
+def tokens_used(request: RouteRequest, outcome: UpstreamOutcome | None, taken: int) -> int:
+    """What to charge: the backend's reported total; for an answer that ended early (the client
+    left, the stream broke) the prompt plus the chunks relayed; all of ``taken`` for a finished
+    answer without usage; nothing when no backend started answering or it refused the request."""
+    if outcome is None or outcome.first_token_at is None or outcome.status != 200:
+        return 0
+    total = total_tokens(outcome.usage)
+    if total is not None:
+        return total
+    if outcome.completed:
+        return taken
+    return request.prompt_tokens + outcome.generated_at_least

@@ -1,13 +1,20 @@
-"""The request path of the gateway, top to bottom as the README's "What runs where" draws it."""
+"""The request path of the gateway, top to bottom as the README's "What runs where" draws it.
 
+Every request is recorded once (request log, metrics) however it ends: answered, refused, or
+abandoned by its client (aiohttp cancels the handler; the record says ``client_gone``).
+"""
+
+import asyncio
+import re
 import time
 import uuid
+from functools import partial
 
 import orjson
 from aiohttp import web
 
 from gateway.admission.forwarded_body import forwarded_body
-from gateway.admission.input_limits import check_input
+from gateway.admission.input_limits import check_input, check_raw_body
 from gateway.admission.tenants import Tenant
 from gateway.dispatch import Forwarding
 from gateway.errors import OpenAIError, bad_request
@@ -15,6 +22,12 @@ from gateway.openai_request import Endpoint, parse_request
 from gateway.routing.types import RouteRequest
 from gateway.state import GATEWAY, Gateway
 from radix.hashing import block_hashes
+
+OFFLOAD_BODY_BYTES = 1 << 20
+"""Bodies larger than this have their containers counted on a worker thread (numpy releases the GIL)."""
+
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+"""An `x-request-id` the gateway echoes and logs; any other gets an id of the gateway's own."""
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -27,53 +40,100 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    request_id = request.headers.get("x-request-id") or f"req-{uuid.uuid4().hex}"
+    request_id = client_request_id(request)
     started = time.perf_counter()
     tenant: Tenant | None = None
+    route_request: RouteRequest | None = None
+    forwarding: Forwarding | None = None
+    stream = False
     try:
         tenant = gateway.tenants.authenticate(request)
-        parsed = parse_request(await read_json(request), endpoint)
-        check_input(parsed.body, gateway.config.limits)
-        model = gateway.models.get(parsed.model)
-        normalized = model.normalizer.apply(parsed.body)
-        token_ids = await model.token_ids(normalized.body, endpoint)
-        grant = gateway.limits.check(
-            model.name, tenant.caps, len(token_ids), parsed.max_tokens, gateway.default_max_tokens(endpoint)
-        )
-        cache_salt = tenant.cache_salt(parsed.cache_salt)
-        route_request = RouteRequest(
-            request_id=request_id,
-            model=model.name,
-            block_hashes=block_hashes(token_ids, gateway.config.block_size, model.name, cache_salt),
-            prompt_tokens=len(token_ids),
-            max_tokens=grant.max_tokens,
-            session_key=request.headers.get("x-session-id") or parsed.user,
-            cache_salt=cache_salt,
-            token_ids=token_ids,
-        )
-        forwarding = Forwarding(
-            path=endpoint.value,
-            body=forwarded_body(normalized.body, grant, cache_salt),
-            stream=parsed.stream,
-            include_usage=parsed.include_usage,
-            headers=response_headers(request_id, normalized.changed),
-            client_request=request,
-        )
-        dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding)
+        async with tenant.hold_slot():
+            parsed = parse_request(await read_json(request, gateway), endpoint)
+            stream = parsed.stream
+            check_input(parsed.body, gateway.config.limits)
+            model = gateway.models.get(parsed.model)
+            cache_salt = tenant.cache_salt(parsed.cache_salt)
+            normalized = model.normalizer.apply(parsed.body)
+            check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
+            async with gateway.tokenize_slots.hold(tenant.name):
+                token_ids = await model.token_ids(normalized.body, endpoint, cache_salt, check_bound)
+            grant = gateway.limits.check(
+                model.name, tenant.caps, len(token_ids), parsed.max_tokens, gateway.default_max_tokens(endpoint)
+            )
+            route_request = RouteRequest(
+                request_id=f"gw-{uuid.uuid4().hex}",
+                model=model.name,
+                block_hashes=block_hashes(token_ids, gateway.config.block_size, model.name, cache_salt),
+                prompt_tokens=len(token_ids),
+                max_tokens=grant.max_tokens,
+                session_key=header_text(request, "x-session-id") or parsed.user,
+                cache_salt=cache_salt,
+                token_ids=token_ids,
+            )
+            forwarding = Forwarding(
+                path=endpoint.value,
+                body=forwarded_body(normalized.body, grant, cache_salt),
+                stream=parsed.stream,
+                include_usage=parsed.include_usage,
+                headers=response_headers(request_id, normalized.changed),
+                client_request=request,
+            )
+            dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding)
     except OpenAIError as error:
         gateway.telemetry.observe_rejection(request_id, error, tenant.name if tenant else None, started)
         return error.response({"x-request-id": request_id})
+    except asyncio.CancelledError:
+        progress = forwarding.progress if forwarding else None
+        tenant_name = tenant.name if tenant else None
+        gateway.telemetry.observe_client_gone(request_id, tenant_name, started, route_request, stream, progress)
+        raise
     gateway.telemetry.observe_completion(
-        route_request, model, normalized, parsed.stream, dispatched, tenant.name, started
+        request_id, route_request, model, normalized, parsed.stream, dispatched, tenant.name, started
     )
     return dispatched.response
 
 
-async def read_json(request: web.Request) -> object:
-    """The body as JSON; size limits are aiohttp's client_max_size (413 in the error middleware)."""
-    raw = await request.read()
+def client_request_id(request: web.Request) -> str:
+    """The client's `x-request-id` when it is a plain token, else one of the gateway's own.
+
+    It is only echoed and logged: the gateway keys its own state by ids it makes itself, so two
+    requests that send the same id never share anything.
+    """
+    given = request.headers.get("x-request-id", "")
+    return given if _CLIENT_REQUEST_ID.fullmatch(given) else f"req-{uuid.uuid4().hex}"
+
+
+def header_text(request: web.Request, name: str) -> str | None:
+    """A header as text; bytes that are not UTF-8 become U+FFFD instead of failing later."""
+    value = request.headers.get(name)
+    return None if value is None else value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+async def read_json(request: web.Request, gateway: Gateway) -> object:
+    """The body as JSON, read within `timeouts.client_body_s` (408) and bounded before it is parsed.
+
+    The size limit is aiohttp's client_max_size (413); a body aiohttp cannot decompress is a 400.
+    Both are raised as OpenAIError so the request is recorded like any other refusal.
+    """
+    timeout_s = gateway.config.timeouts.client_body_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise OpenAIError(
+            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
+        ) from None
+    except web.RequestPayloadError:
+        raise bad_request("The request body could not be read or decompressed.") from None
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise OpenAIError(413, exc.text or "The request body is too large.", code="request_too_large") from None
     if not raw:
         raise bad_request("The request body is empty; expected a JSON object")
+    if len(raw) > OFFLOAD_BODY_BYTES:
+        await asyncio.to_thread(check_raw_body, raw, gateway.config.limits)
+    else:
+        check_raw_body(raw, gateway.config.limits)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -6,11 +6,12 @@ forwarded, as OpenAI ignores unknown fields. Every problem becomes a 400 naming 
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from gateway.errors import bad_request
+from radix.hashing import TOKEN_ID_LIMIT
 
 
 class Endpoint(Enum):
@@ -41,21 +42,22 @@ class _CommonBody(BaseModel):
     stream: StrictBool = False
     stream_options: _StreamOptions | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    """OpenAI's newer name for max_tokens; either is read on both endpoints, and wins when both are set."""
     n: StrictInt = Field(1, ge=1, le=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: StrictFloat | None = Field(None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
     user: StrictStr | None = None
-    cache_salt: StrictStr | None = None
+    cache_salt: StrictStr | None = Field(None, min_length=1)
 
 
 class _ChatBody(_CommonBody):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
     tools: list[dict[str, Any]] | None = None
 
 
 class _CompletionBody(_CommonBody):
-    prompt: StrictStr | list[StrictInt] = Field(min_length=1)
+    prompt: StrictStr | list[Annotated[StrictInt, Field(ge=0, lt=TOKEN_ID_LIMIT)]] = Field(min_length=1)
 
 
 @dataclass
@@ -80,9 +82,7 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         parsed = schema.model_validate(body)
     except ValidationError as exc:
         raise _first_problem(exc) from None
-    max_tokens = parsed.max_tokens
-    if isinstance(parsed, _ChatBody) and parsed.max_completion_tokens is not None:
-        max_tokens = parsed.max_completion_tokens
+    max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
     return ParsedRequest(
         endpoint=endpoint,
         body=body,

@@ -1,6 +1,8 @@
 """Per served model: how its requests are normalized and tokenized."""
 
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -11,7 +13,7 @@ from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import SegmentTokenizer
-from normalize.text_blocks import approximate_chat_text, approximate_token_ids
+from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
 
 log = logging.getLogger("kvgate.models")
 
@@ -20,11 +22,19 @@ APPROXIMATE = "approximate"
 
 
 class PromptTokenizer(Protocol):
-    async def encode_chat_async(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[int]: ...
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str: ...
 
-    async def encode_prompt_async(self, prompt: str) -> list[int]: ...
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of ``text``, far cheaper than tokenizing it."""
+        ...
+
+    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """A lower bound on the tokens of the rendered chat, before rendering it."""
+        ...
+
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
+        """Token ids of a prompt or rendered chat; ``salt`` keys any cache per isolation domain."""
+        ...
 
 
 class ApproximateTokenizer:
@@ -33,10 +43,17 @@ class ApproximateTokenizer:
     Prefix matches are then estimates (see normalize/text_blocks.py), never token-exact.
     """
 
-    async def encode_chat_async(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        return approximate_token_ids(approximate_chat_text(messages, tools))
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return approximate_chat_text(messages, tools)
 
-    async def encode_prompt_async(self, prompt: str) -> list[int]:
+    def min_tokens(self, text: str) -> int:
+        return math.ceil(len(text) / CHUNK_CHARS)
+
+    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
+        chars = sum(len(message["content"]) for message in messages if isinstance(message.get("content"), str))
+        return math.ceil(chars / CHUNK_CHARS)
+
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
         return approximate_token_ids(prompt)
 
 
@@ -46,15 +63,30 @@ class ServedModel:
     normalizer: Normalizer
     tokenizer: PromptTokenizer
 
-    async def token_ids(self, body: dict[str, Any], endpoint: Endpoint) -> list[int]:
-        """The prompt's token ids exactly as the backend will see them."""
+    async def token_ids(
+        self, body: dict[str, Any], endpoint: Endpoint, salt: str | None, check_bound: Callable[[int], None]
+    ) -> list[int]:
+        """The prompt's token ids exactly as the backend will see them.
+
+        ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
+        cannot fit, before the tokenizer runs; ``salt`` keeps cached segments per isolation domain.
+        """
+        prompt = body.get("prompt")
+        if endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list):
+            check_bound(len(prompt))
+            return prompt
+        if endpoint is Endpoint.CHAT:
+            check_bound(self.tokenizer.min_chat_tokens(body["messages"]))
         try:
-            if endpoint is Endpoint.CHAT:
-                return await self.tokenizer.encode_chat_async(body["messages"], body.get("tools"))
-            prompt = body["prompt"]
-            return prompt if isinstance(prompt, list) else await self.tokenizer.encode_prompt_async(prompt)
+            text = (
+                self.tokenizer.render_chat(body["messages"], body.get("tools"))
+                if endpoint is Endpoint.CHAT
+                else str(prompt)
+            )
         except TemplateError as exc:
             raise bad_request(str(exc), param="messages") from None
+        check_bound(self.tokenizer.min_tokens(text))
+        return await self.tokenizer.encode_prompt_async(text, salt)
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> PromptTokenizer:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import ConfigError, KvgateConfig, load_config
+from gateway.http_server import GatewayRunner
 from gateway.reload import reload_on_signal
 
 SHUTDOWN_GRACE_S = 30.0
@@ -64,7 +65,13 @@ async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
     """
     app = create_app(config, config_path)
     # No aiohttp access log: gateway/observability/request_log.py writes the one structured line per request.
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None)
+    runner = GatewayRunner(
+        app,
+        header_timeout_s=config.timeouts.client_headers_s,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log=None,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     await site.start()

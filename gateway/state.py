@@ -18,6 +18,7 @@ from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.redis_limiter import RedisLimiter
 from gateway.admission.tenants import TenantRegistry
+from gateway.admission.tokenize_slots import TokenizeSlots
 from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, ConfigError, KvgateConfig
 from gateway.dispatch import Dispatcher
@@ -45,6 +46,7 @@ class Gateway:
     tenants: TenantRegistry
     limits: RequestCaps
     telemetry: Telemetry
+    tokenize_slots: TokenizeSlots
 
     @classmethod
     def build(cls, config: KvgateConfig) -> "Gateway":
@@ -57,7 +59,9 @@ class Gateway:
         limits = RequestCaps(config.limits, pool.context_length)
         telemetry = Telemetry(config.observability, config.block_size)
         tenants = TenantRegistry(config.tenants, limiter=tenant_limiter(config))
-        return cls(config, models, pool, router, session, queue, dispatcher, tenants, limits, telemetry)
+        return cls(
+            config, models, pool, router, session, queue, dispatcher, tenants, limits, telemetry, TokenizeSlots()
+        )
 
     async def apply(self, config: KvgateConfig, source: str) -> None:
         """Swap a reloaded config in; ConfigError (naming ``source``) leaves everything as it was.

@@ -7,9 +7,15 @@ cached under a hash of its text. Splicing pieces gives the ids whole-prompt toke
 provided the tokenizer treats each piece independently (the tests prove it for the bundled model
 over random conversations). Tokenizers where that fails (a pre-tokenizer that treats the first
 piece specially, say) are caught by a self-test at load time and tokenized whole.
+
+The cache is keyed per isolation domain (the request's cache salt) as well as by text: a
+tenant with its own salt can neither hit nor time another tenant's segments, since a hit is
+faster than a miss. ``min_tokens`` bounds a text's token count from below without tokenizing
+it, so a prompt that cannot fit is refused before the expensive work.
 """
 
 import asyncio
+import math
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +77,64 @@ class SegmentTokenizer:
         self.segmented = splitter is not None and self._segments_match_whole(splitter)
         """Whether prompts are cut at special tokens; False: each prompt is one segment."""
         self._splitter = splitter if self.segmented else None
+        self.longest_token_bytes = self._longest_token_bytes()
+        """Bytes of (normalized) input text the longest vocabulary entry can cover."""
+        self.verbatim_roles = self._verbatim_roles()
+        """Roles whose message content the chat template copies into the prompt unchanged."""
+
+    def _longest_token_bytes(self) -> int:
+        """A byte-level vocabulary spells each byte as one character, so an entry covers as many
+        bytes as it has characters; otherwise its UTF-8 length bounds what it covers from above
+        (SentencePiece's three-byte ``▁`` stands for one space, ``<0x41>`` for one byte)."""
+        tokenizer = self.chat.tokenizer
+        byte_level = type(tokenizer.decoder).__name__ == "ByteLevel"
+        added = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+        return max(
+            len(entry) if byte_level and entry not in added else len(entry.encode("utf-8", "surrogatepass"))
+            for entry in tokenizer.get_vocab(with_added_tokens=True)
+        )
+
+    def _verbatim_roles(self) -> frozenset[str]:
+        """Self-test: the roles (of system, developer, user) whose content shows up whole in every
+        probe conversation the template renders. Empty when the tokenizer normalizes its input
+        (the text it counts is then not the text rendered)."""
+        if self.chat.tokenizer.normalizer is not None:
+            return frozenset()
+        verbatim = set()
+        for role in ("system", "developer", "user"):
+            marker = f"kvgate verbatim probe for {role} 7f3a"
+            rendered = []
+            for before in ([], [{"role": "system", "content": "s"}], [{"role": "user", "content": "u"}]):
+                try:
+                    rendered.append(self.chat.render_chat([*before, {"role": role, "content": marker}]))
+                except TemplateError:
+                    continue
+            if rendered and all(marker in text for text in rendered):
+                verbatim.add(role)
+        return frozenset(verbatim)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))``: each token covers at most ``longest_token_bytes``
+        bytes of the text as the tokenizer's normalizer leaves it (cheap next to tokenizing)."""
+        normalizer = self.chat.tokenizer.normalizer
+        if normalizer is not None:
+            text = normalizer.normalize_str(text)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return math.ceil(size / self.longest_token_bytes)
+
+    def min_chat_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
+        """A lower bound on the tokens of the rendered chat, from the content of the messages whose
+        role the template copies verbatim, before anything is rendered: a content's characters
+        are no more than its bytes in the prompt."""
+        chars = 0
+        for message in messages:
+            if message.get("role") in self.verbatim_roles:
+                content = message.get("content")
+                if isinstance(content, str):
+                    chars += len(content)
+                elif isinstance(content, list):
+                    chars += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+        return math.ceil(chars / self.longest_token_bytes)
 
     def _splittable_special_tokens(self) -> dict[str, int]:
         """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the
@@ -104,24 +168,33 @@ class SegmentTokenizer:
                 return False
         return True
 
+    def render_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+        return self.chat.render_chat(messages, tools)
+
     def encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        salt: str | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat prompt; equal to ``ChatTokenizer.encode_chat``."""
-        return self._encode(self.chat.render_chat(messages, tools))
+        return self._encode(self.chat.render_chat(messages, tools), salt)
 
     async def encode_chat_async(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        salt: str | None = None,
     ) -> list[int]:
         """``encode_chat``, with long uncached text tokenized off the event loop."""
-        return await self._encode_async(self.chat.render_chat(messages, tools))
+        return await self._encode_async(self.chat.render_chat(messages, tools), salt)
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        """Token ids of a completions text prompt (no special tokens added)."""
-        return self._encode(prompt)
+    def encode_prompt(self, prompt: str, salt: str | None = None) -> list[int]:
+        """Token ids of a completions text prompt or a rendered chat (no special tokens added)."""
+        return self._encode(prompt, salt)
 
-    async def encode_prompt_async(self, prompt: str) -> list[int]:
-        return await self._encode_async(prompt)
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
+        return await self._encode_async(prompt, salt)
 
     def stats(self) -> dict[str, int | bool]:
         return {
@@ -135,17 +208,17 @@ class SegmentTokenizer:
     def close(self) -> None:
         self._executor.shutdown(wait=False)
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, salt: str | None) -> list[int]:
         pieces = self._split(text)
-        keys = self._text_keys(pieces)
+        keys = self._text_keys(pieces, salt)
         found, missing = self._lookup(pieces, keys)
         if missing:
             found.update(self._store(missing, self._encode_texts(list(missing.values()))))
         return self._splice(pieces, keys, found)
 
-    async def _encode_async(self, text: str) -> list[int]:
+    async def _encode_async(self, text: str, salt: str | None) -> list[int]:
         pieces = self._split(text)
-        keys = self._text_keys(pieces)
+        keys = self._text_keys(pieces, salt)
         found, missing = self._lookup(pieces, keys)
         if missing:
             found.update(await self._encode_missing_async(missing))
@@ -180,8 +253,14 @@ class SegmentTokenizer:
         return [text] if self._splitter is None else self._splitter.split(text)
 
     @staticmethod
-    def _text_keys(pieces: list[str]) -> list[int]:
-        return [xxhash.xxh3_128_intdigest(piece.encode("utf-8", "surrogatepass")) for piece in pieces[::2]]
+    def _text_keys(pieces: list[str], salt: str | None = None) -> list[int]:
+        """Cache keys of the text pieces, seeded by the salt: each isolation domain has its own."""
+        seed = (
+            0
+            if salt is None
+            else xxhash.xxh3_64_intdigest(b"kvgate-segment-salt\x00" + salt.encode("utf-8", "surrogatepass"))
+        )
+        return [xxhash.xxh3_128_intdigest(piece.encode("utf-8", "surrogatepass"), seed) for piece in pieces[::2]]
 
     def _lookup(self, pieces: list[str], keys: list[int]) -> tuple[dict[int, list[int]], dict[int, str]]:
         """Cached ids by key, and the texts of the keys not cached."""

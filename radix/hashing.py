@@ -18,6 +18,11 @@ BlockHash = int
 
 _HASH_BYTES = 16
 
+TOKEN_ID_LIMIT = 1 << 32
+"""Token ids are hashed as unsigned 32-bit integers, so every id must lie in ``[0, TOKEN_ID_LIMIT)``;
+the hashing functions raise ``OverflowError`` on any other. Client-supplied ids are checked
+against this bound when a request is parsed."""
+
 
 def root_hash(model: str, cache_salt: str | None = None, adapter: str | None = None) -> BlockHash:
     """The parent hash of a prompt's first block."""

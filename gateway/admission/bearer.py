@@ -14,7 +14,9 @@ def bearer_token(request: web.Request) -> str | None:
 
 
 def key_matches(given: str, expected: str) -> bool:
-    return hmac.compare_digest(given.encode(), expected.encode())
+    """Constant-time comparison; a header byte that is not UTF-8 (aiohttp keeps it as a surrogate)
+    simply fails to match."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 def unauthorized(message: str) -> OpenAIError:

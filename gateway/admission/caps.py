@@ -1,4 +1,4 @@
-"""Per-request token caps, checked after tokenization and before routing."""
+"""Per-request token caps: a bound checked before tokenization, the exact check after it."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,11 +9,9 @@ from gateway.errors import bad_request
 
 @dataclass(frozen=True)
 class TokenGrant:
-    """What a request may generate, and whether the forwarded body must say so."""
+    """What a request may generate: the cap the backend is told, the KV reserved and the tokens charged."""
 
     max_tokens: int
-    forward: bool
-    """The client's max_tokens was absent or above the cap: the backend must be told the cap."""
 
 
 class RequestCaps:
@@ -23,6 +21,24 @@ class RequestCaps:
         self.limits = limits
         self.reported_context = reported_context
         """The smallest `max_model_len` the model's replicas report, or None."""
+
+    def prompt_limit(self, model: str, tenant_caps: TokenCaps) -> int | None:
+        """The most prompt tokens a request could be admitted with: ``max_prompt_tokens``, and one
+        less than the context; None when neither is known."""
+        caps = tenant_caps.over(self.limits.caps_for(model))
+        context = caps.context_length or self.reported_context(model)
+        bounds = [bound for bound in (caps.max_prompt_tokens, None if context is None else context - 1) if bound]
+        return min(bounds) if bounds else None
+
+    def check_prompt_bound(self, model: str, tenant_caps: TokenCaps, at_least: int) -> None:
+        """Before tokenizing: reject (400) a prompt whose lower bound on tokens cannot fit."""
+        limit = self.prompt_limit(model, tenant_caps)
+        if limit is not None and at_least > limit:
+            raise bad_request(
+                f"This request has at least {at_least} prompt tokens; the limit for '{model}' is {limit}.",
+                param="messages",
+                code="prompt_too_long",
+            )
 
     def check(
         self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, requested: int | None, default: int
@@ -48,12 +64,11 @@ class RequestCaps:
     def _grant(caps: TokenCaps, requested: int | None, default: int, room: int | None) -> TokenGrant:
         cap = caps.max_tokens
         if requested is None:
-            limit = min(value for value in (cap or default, room) if value is not None)
-            return TokenGrant(limit, forward=cap is not None)
+            return TokenGrant(min(value for value in (cap or default, room) if value is not None))
         if cap is None or requested <= cap:
-            return TokenGrant(requested, forward=False)
+            return TokenGrant(requested)
         if caps.max_tokens_policy == "clamp":
-            return TokenGrant(cap, forward=True)
+            return TokenGrant(cap)
         raise bad_request(
             f"max_tokens is {requested}; the limit is {cap}.", param="max_tokens", code="max_tokens_too_large"
         )

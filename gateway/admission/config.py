@@ -54,6 +54,9 @@ class LimitsConfig(TokenCaps):
     max_content_chars: int = Field(1_000_000, ge=1)
     """Characters of one message's content (all its text parts) or of a completions prompt."""
     max_json_depth: int = Field(32, ge=2)
+    max_json_containers: int = Field(50_000, ge=16)
+    """Objects and arrays in one request body, counted on the raw bytes before it is parsed."""
+    max_tools: int = Field(128, ge=0)
 
     def caps_for(self, model: str) -> TokenCaps:
         base = TokenCaps.model_validate(self.model_dump(include=set(TokenCaps.model_fields)))

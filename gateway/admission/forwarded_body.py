@@ -1,16 +1,25 @@
-"""The body the backend gets: the client's, with the granted max_tokens and the tenant's cache salt."""
+"""The body the backend gets: the client's, with the granted cap and the tenant's cache salt."""
 
 from typing import Any
 
 from gateway.admission.caps import TokenGrant
 
+CAP_ALIASES = ("max_tokens", "max_completion_tokens")
+"""The names a client may give its completion cap; OpenAI reads either on chat, engines differ."""
+
 
 def forwarded_body(body: dict[str, Any], grant: TokenGrant, cache_salt: str | None) -> dict[str, Any]:
-    """``body`` (never mutated) with what admission decided written into it."""
-    updates: dict[str, Any] = {}
-    if grant.forward:
-        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        updates[key] = grant.max_tokens
-    if cache_salt != body.get("cache_salt"):
-        updates["cache_salt"] = cache_salt
-    return {**body, **updates} if updates else body
+    """``body`` (never mutated) with what admission decided written into it.
+
+    The backend always gets exactly one cap, ``max_tokens`` (the one name every engine reads on
+    both endpoints; vLLM, SGLang and the bundled engine's completions ignore
+    ``max_completion_tokens``), set to the tokens the gateway granted, reserved KV for and
+    charged the tenant for. Every other alias is removed, so none can widen the grant.
+    """
+    forwarded = {key: value for key, value in body.items() if key not in CAP_ALIASES}
+    forwarded["max_tokens"] = grant.max_tokens
+    if cache_salt is None:
+        forwarded.pop("cache_salt", None)
+    else:
+        forwarded["cache_salt"] = cache_salt
+    return forwarded

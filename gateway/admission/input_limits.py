@@ -1,15 +1,36 @@
-"""Caps on the shape of a request body: nesting depth, message count, content length.
+"""Caps on the shape of a request body: containers, nesting depth, messages, tools, content length.
 
-Checked right after the body is parsed, before any part of the gateway walks it; the body
-size itself is capped by aiohttp (`client_max_size`, 413).
+The container count is checked on the raw bytes, before the body is parsed (parsing a body of
+many small objects is what holds the event loop longest); the rest right after it is parsed,
+before any part of the gateway walks it. The body size itself is capped by aiohttp
+(`client_max_size`, 413).
 """
 
 from typing import Any
+
+import numpy as np
 
 from gateway.admission.config import LimitsConfig
 from gateway.errors import bad_request
 
 _CONTAINERS = (dict, list)
+
+
+def check_raw_body(raw: bytes, limits: LimitsConfig) -> None:
+    """Raise 400 when the body holds more than ``max_json_containers`` objects and arrays.
+
+    Counting brackets is a fast upper bound; only when it is over the limit are brackets inside
+    strings (code in a prompt, say) left out to count exactly.
+    """
+    limit = limits.max_json_containers
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return
+    containers = _containers_outside_strings(raw)
+    if containers > limit:
+        raise bad_request(
+            f"The request body holds {containers} JSON objects and arrays; the limit is {limit}.",
+            code="too_many_json_values",
+        )
 
 
 def check_input(body: dict[str, Any], limits: LimitsConfig) -> None:
@@ -27,9 +48,26 @@ def check_input(body: dict[str, Any], limits: LimitsConfig) -> None:
         for index, message in enumerate(messages):
             if isinstance(message, dict):
                 _check_length(_content_chars(message.get("content")), limits, f"messages.{index}.content")
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise bad_request(
+            f"The request has {len(tools)} tools; the limit is {limits.max_tools}.",
+            param="tools",
+            code="too_many_tools",
+        )
     prompt = body.get("prompt")
     if isinstance(prompt, (str, list)):
         _check_length(len(prompt), limits, "prompt")
+
+
+def _containers_outside_strings(raw: bytes) -> int:
+    """Brackets that open an object or array: with escaped backslashes and escaped quotes taken out
+    (C-speed replaces), every quote left delimits a string, so a bracket is outside the strings
+    when an even number of quotes precede it."""
+    cleaned = np.frombuffer(raw.replace(b"\\\\", b"").replace(b'\\"', b""), dtype=np.uint8)
+    quotes = np.flatnonzero(cleaned == ord('"'))
+    brackets = np.flatnonzero((cleaned == ord("{")) | (cleaned == ord("[")))
+    return int(np.count_nonzero(np.searchsorted(quotes, brackets) % 2 == 0))
 
 
 def _depth(value: Any, limit: int) -> int:

@@ -6,13 +6,18 @@ and so does a backend stream that ends without ``[DONE]`` (the client would othe
 answer for a whole one).
 Streaming requests always ask the backend for usage (the gateway needs it for metrics and
 calibration) and drop that final chunk again when the client did not ask for it.
+
+The call's ``outcome`` is filled in as the answer flows, so the caller can still read what was
+relayed (token-bearing chunks, usage) when the client leaves and the handler is cancelled. A
+stream that goes past the granted ``max_tokens`` is ended by the gateway itself (finish reason
+``length``), whatever the backend does.
 """
 
 import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
@@ -35,6 +40,16 @@ class UpstreamOutcome:
     completed: bool = False
     """The backend finished the answer (a stream reached [DONE], a body arrived whole)."""
     client_gone: bool = False
+    token_chunks: int = 0
+    """Streamed chunks relayed that carried generated text: each holds at least one token."""
+    capped: bool = False
+    """The backend streamed past the granted max_tokens and the gateway ended the stream."""
+
+    @property
+    def generated_at_least(self) -> int:
+        """Completion tokens the client got, from the engine's usage when it came, else counted."""
+        reported = (self.usage or {}).get("completion_tokens")
+        return reported if isinstance(reported, int) else self.token_chunks
 
 
 @dataclass
@@ -47,8 +62,13 @@ class ProxyCall:
     headers: dict[str, str]
     """Headers the gateway adds to the client's response."""
     timeouts: TimeoutsConfig
+    max_tokens: int
+    """The cap the gateway granted; a stream that goes past it is ended here."""
+    prompt_tokens: int
     on_first_token: Callable[[], None] = lambda: None
     """Called once when the first streamed event arrives (the backend's prefill is done)."""
+    outcome: UpstreamOutcome = field(default_factory=lambda: UpstreamOutcome(status=0))
+    """Filled in as the answer flows; ``forward`` returns it."""
 
 
 async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
@@ -81,7 +101,8 @@ async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tup
     if upstream.status >= 500:
         raise UpstreamFailed(f"backend answered {upstream.status}")
     arrived = time.perf_counter()
-    outcome = UpstreamOutcome(status=upstream.status, first_token_at=arrived)
+    outcome = call.outcome
+    outcome.status, outcome.first_token_at = upstream.status, arrived
     if upstream.status == 200:
         outcome.completed = True
         outcome.usage = _usage_of(data)
@@ -97,7 +118,8 @@ async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tup
 async def _relay_stream(
     call: ProxyCall, upstream: aiohttp.ClientResponse, client_request: web.Request
 ) -> tuple[web.StreamResponse, UpstreamOutcome]:
-    outcome = UpstreamOutcome(status=200)
+    outcome = call.outcome
+    outcome.status = 200
     events = _sse_events(upstream.content, call.timeouts)
     try:
         first = await anext(events)
@@ -114,6 +136,9 @@ async def _relay_stream(
         await _write_event(call, response, outcome, first)
         async for event in events:
             await _write_event(call, response, outcome, event)
+            if outcome.capped:
+                upstream.close()
+                break
         if not outcome.completed:
             failure = "backend stream ended before [DONE]"
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -132,15 +157,51 @@ async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: U
     payload = event.removeprefix(b"data: ").strip()
     if payload == b"[DONE]":
         outcome.completed = True
-    elif b'"usage"' in payload and b'"usage":null' not in payload:
-        chunk = _json_or_none(payload)
-        if chunk is not None and chunk.get("usage"):
-            outcome.usage = chunk["usage"]
-            if not call.include_usage and not chunk.get("choices"):
-                return
-            if not call.include_usage:
-                event = b"data: " + orjson.dumps({**chunk, "usage": None}) + b"\n\n"
+        await response.write(event)
+        return
+    chunk = _json_or_none(payload)
+    if chunk is not None and _carries_tokens(chunk):
+        if outcome.token_chunks >= call.max_tokens:
+            await _end_at_cap(call, response, outcome, chunk)
+            return
+        outcome.token_chunks += 1
+    if chunk is not None and chunk.get("usage"):
+        outcome.usage = chunk["usage"]
+        if not call.include_usage and not chunk.get("choices"):
+            return
+        if not call.include_usage:
+            event = b"data: " + orjson.dumps({**chunk, "usage": None}) + b"\n\n"
     await response.write(event)
+
+
+def _carries_tokens(chunk: dict) -> bool:
+    """Whether a streamed chunk holds generated output (text, a delta other than the role)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if choice.get("text") or (isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role")):
+            return True
+    return False
+
+
+async def _end_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, chunk: dict) -> None:
+    """The backend went past the granted cap: finish the client's stream as if it stopped there."""
+    outcome.capped = outcome.completed = True
+    outcome.usage = {
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.max_tokens,
+        "total_tokens": call.prompt_tokens + call.max_tokens,
+    }
+    shape = "delta" if chunk.get("object") == "chat.completion.chunk" else "text"
+    finish = {"index": 0, shape: {} if shape == "delta" else "", "logprobs": None, "finish_reason": "length"}
+    events = [{**chunk, "choices": [finish], "usage": None}]
+    if call.include_usage:
+        events.append({**chunk, "choices": [], "usage": outcome.usage})
+    await response.write(b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n")
 
 
 async def _sse_events(content: aiohttp.StreamReader, timeouts: TimeoutsConfig) -> AsyncIterator[bytes]:

@@ -2,7 +2,8 @@
 
 import time
 
-from gateway.dispatch import Dispatched
+from gateway.backends.proxy import UpstreamOutcome
+from gateway.dispatch import Dispatched, Progress
 from gateway.errors import OpenAIError
 from gateway.observability.config import ObservabilityConfig
 from gateway.observability.metrics import GatewayMetrics
@@ -10,11 +11,14 @@ from gateway.observability.prefix_breakers import PrefixBreakers
 from gateway.observability.request_log import RequestLog
 from gateway.observability.rolling_stats import StatsWindow
 from gateway.observability.telemetry_record import UNAUTHENTICATED, RequestRecord
-from gateway.routing.types import RouteRequest
+from gateway.routing.types import RouteDecision, RouteRequest
 from gateway.served_model import ServedModel
 from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
 from protocol.usage import cached_tokens
+
+CLIENT_GONE = "client_gone"
+"""Status (and, before a backend was chosen, error code) of a request whose client left."""
 
 
 class Telemetry:
@@ -26,6 +30,7 @@ class Telemetry:
 
     def observe_completion(
         self,
+        request_id: str,
         route_request: RouteRequest,
         model: ServedModel,
         normalized: NormalizedRequest,
@@ -35,27 +40,44 @@ class Telemetry:
         started: float,
     ) -> None:
         """A request a backend answered; ``started`` is its arrival (``time.perf_counter()``)."""
-        outcome, usage = dispatched.outcome, dispatched.outcome.usage or {}
-        record = RequestRecord(
-            request_id=route_request.request_id,
-            model=route_request.model,
-            tenant=tenant or UNAUTHENTICATED,
-            status=_status(dispatched),
-            backend=dispatched.decision.backend,
-            reason=dispatched.decision.reason,
-            stream=stream,
-            prompt_tokens=route_request.prompt_tokens,
-            predicted_cached_tokens=dispatched.decision.predicted_cached_tokens,
-            cached_tokens=cached_tokens(usage),
-            completion_tokens=usage.get("completion_tokens"),
-            queued_s=dispatched.queued_s,
-            ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
-            e2e_s=time.perf_counter() - started,
-            normalized_rules=list(normalized.changed),
+        record = _served_record(
+            request_id, route_request, stream, dispatched.decision, dispatched.outcome, tenant, started
         )
+        record.status = _status(dispatched)
+        record.queued_s = dispatched.queued_s
+        record.normalized_rules = list(normalized.changed)
         self._observe(record, normalized.body)
         decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
         self.breakers.observe(model.name, route_request.token_ids, decode)
+
+    def observe_client_gone(
+        self,
+        request_id: str,
+        tenant: str | None,
+        started: float,
+        route_request: RouteRequest | None,
+        stream: bool,
+        progress: Progress | None,
+    ) -> None:
+        """A request whose client left before it was answered (its handler was cancelled): with the
+        backend and what it streamed when it got that far, else as a refusal with code ``client_gone``."""
+        if route_request is not None and progress is not None and progress.decision and progress.outcome:
+            record = _served_record(
+                request_id, route_request, stream, progress.decision, progress.outcome, tenant, started
+            )
+            record.queued_s = progress.queued_s
+        else:
+            record = RequestRecord(
+                request_id=request_id,
+                model=route_request.model if route_request else None,
+                tenant=tenant or UNAUTHENTICATED,
+                error_code=CLIENT_GONE,
+                stream=stream,
+                prompt_tokens=route_request.prompt_tokens if route_request else 0,
+                e2e_s=time.perf_counter() - started,
+            )
+        record.status = CLIENT_GONE
+        self._observe(record, None)
 
     def observe_rejection(self, request_id: str, error: OpenAIError, tenant: str | None, started: float) -> None:
         """A request the gateway answered with an error itself (bad input, caps, queue, no replica)."""
@@ -78,10 +100,36 @@ class Telemetry:
         self.log.close()
 
 
+def _served_record(
+    request_id: str,
+    route_request: RouteRequest,
+    stream: bool,
+    decision: RouteDecision,
+    outcome: UpstreamOutcome,
+    tenant: str | None,
+    started: float,
+) -> RequestRecord:
+    usage = outcome.usage or {}
+    return RequestRecord(
+        request_id=request_id,
+        model=route_request.model,
+        tenant=tenant or UNAUTHENTICATED,
+        backend=decision.backend,
+        reason=decision.reason,
+        stream=stream,
+        prompt_tokens=route_request.prompt_tokens,
+        predicted_cached_tokens=decision.predicted_cached_tokens,
+        cached_tokens=cached_tokens(usage),
+        completion_tokens=outcome.generated_at_least if stream else usage.get("completion_tokens"),
+        ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
+        e2e_s=time.perf_counter() - started,
+    )
+
+
 def _status(dispatched: Dispatched) -> str:
     outcome = dispatched.outcome
     if outcome.client_gone:
-        return "client_gone"
+        return CLIENT_GONE
     if outcome.status == 200 and not outcome.completed:
         return "incomplete"
     return str(outcome.status)

@@ -12,8 +12,8 @@ def caps(reported: int | None = None, **limits: object) -> RequestCaps:
 
 
 def test_no_limits_passes_the_request_through() -> None:
-    assert caps().check("m", TokenCaps(), 100, 50, 256) == TokenGrant(50, forward=False)
-    assert caps().check("m", TokenCaps(), 100, None, 256) == TokenGrant(256, forward=False)
+    assert caps().check("m", TokenCaps(), 100, 50, 256) == TokenGrant(50)
+    assert caps().check("m", TokenCaps(), 100, None, 256) == TokenGrant(256)
 
 
 def test_prompt_over_the_cap_is_rejected_with_both_numbers() -> None:
@@ -27,13 +27,11 @@ def test_max_tokens_over_the_cap_is_rejected_or_clamped() -> None:
     with pytest.raises(OpenAIError) as error:
         caps(max_tokens=64).check("m", TokenCaps(), 10, 100, 256)
     assert error.value.param == "max_tokens"
-    assert caps(max_tokens=64, max_tokens_policy="clamp").check("m", TokenCaps(), 10, 100, 256) == TokenGrant(
-        64, forward=True
-    )
+    assert caps(max_tokens=64, max_tokens_policy="clamp").check("m", TokenCaps(), 10, 100, 256) == TokenGrant(64)
 
 
-def test_absent_max_tokens_gets_the_cap_forwarded() -> None:
-    assert caps(max_tokens=64).check("m", TokenCaps(), 10, None, 256) == TokenGrant(64, forward=True)
+def test_absent_max_tokens_is_granted_the_cap() -> None:
+    assert caps(max_tokens=64).check("m", TokenCaps(), 10, None, 256) == TokenGrant(64)
 
 
 def test_context_length_from_config_or_replicas() -> None:
@@ -43,7 +41,7 @@ def test_context_length_from_config_or_replicas() -> None:
     assert "100" in error.value.message and "110" in error.value.message
     with pytest.raises(OpenAIError):
         caps(reported=100).check("m", TokenCaps(), 100, None, 256)
-    assert caps(reported=100).check("m", TokenCaps(), 60, None, 256) == TokenGrant(40, forward=False)
+    assert caps(reported=100).check("m", TokenCaps(), 60, None, 256) == TokenGrant(40)
 
 
 def test_model_and_tenant_overrides_narrow_the_defaults() -> None:
@@ -52,4 +50,14 @@ def test_model_and_tenant_overrides_narrow_the_defaults() -> None:
     with pytest.raises(OpenAIError):
         limits.check("small", TokenCaps(), 1, 50, 256)
     tenant = TokenCaps(max_tokens=5, max_tokens_policy="clamp")
-    assert limits.check("big", tenant, 1, 50, 256) == TokenGrant(5, forward=True)
+    assert limits.check("big", tenant, 1, 50, 256) == TokenGrant(5)
+
+
+def test_prompt_bound_before_tokenizing_uses_the_tightest_limit() -> None:
+    assert caps().prompt_limit("m", TokenCaps()) is None
+    assert caps(reported=2048).prompt_limit("m", TokenCaps()) == 2047
+    assert caps(reported=2048, max_prompt_tokens=100).prompt_limit("m", TokenCaps(max_prompt_tokens=50)) == 50
+    caps(max_prompt_tokens=100).check_prompt_bound("m", TokenCaps(), 100)
+    with pytest.raises(OpenAIError) as error:
+        caps(max_prompt_tokens=100).check_prompt_bound("m", TokenCaps(), 101)
+    assert error.value.code == "prompt_too_long" and "at least 101" in error.value.message

@@ -1,0 +1,109 @@
+"""aiohttp's HTTP server with the gateway's answers to broken and slow clients.
+
+aiohttp answers a request it cannot parse (a bad header line, say) itself, before any
+middleware runs, in plain text that quotes part of the offending bytes. Here that answer is an
+OpenAI-shaped JSON error that quotes nothing. A connection whose request headers do not arrive
+whole within ``header_timeout_s`` (config `timeouts.client_headers_s`) of their first byte (or
+of the connection, for the first request) is closed: a slow-trickle client cannot hold a connection open at no cost. The body has
+its own timeout in the handler.
+"""
+
+import asyncio
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from gateway.errors import OpenAIError
+
+log = logging.getLogger("kvgate.http")
+
+KEEPALIVE_TIMEOUT_S = 75.0
+"""An idle keep-alive connection is closed after this long (aiohttp's default is an hour)."""
+
+
+class GatewayRequestHandler(RequestHandler):
+    """One client connection: header deadline, OpenAI-shaped parser errors."""
+
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self._header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._messages or self._current_request is not None:
+            self._disarm_header_deadline()
+        elif self._header_deadline is None:
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        self._header_deadline = asyncio.get_running_loop().call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if not self._messages and self._current_request is None:
+            log.info("closing a connection whose request headers took over %.0f s", self.header_timeout_s)
+            self.force_close()
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+        log.info("refused an unparsable request from %s: %s", request.remote, type(exc).__name__ if exc else status)
+        if status >= 500:
+            error = OpenAIError(status, "internal gateway error", type_="server_error", code="internal_error")
+        else:
+            phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Bad Request"
+            error = OpenAIError(
+                status, f"The HTTP request could not be parsed ({phrase}).", code="invalid_http_request"
+            )
+        response = error.response()
+        response.force_close()
+        return response
+
+
+class GatewayServer(web.Server):
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+
+    def __call__(self) -> RequestHandler:
+        return GatewayRequestHandler(self, header_timeout_s=self.header_timeout_s, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections are ``GatewayRequestHandler``s."""
+
+    def __init__(self, app: web.Application, header_timeout_s: float, **kwargs: Any) -> None:
+        kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
+        super().__init__(app, **kwargs)
+        self.header_timeout_s = header_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return GatewayServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            header_timeout_s=self.header_timeout_s,
+            **server._kwargs,
+        )
