@@ -21,11 +21,13 @@ class RoutingConfig(ConfigSection):
     cores, and the simulated engine's default preset, prefill about 600-670 tokens/s)."""
     decode_wait_s_per_request: float = Field(0.005, ge=0)
     """Queue wait each running request adds to a new request's first token (decode steps it shares)."""
-    spill_ttft_ratio: float = Field(2.0, ge=1.0)
-    """cache_aware spills a request off the replica caching most of it only when another replica's
-    estimated TTFT is this many times lower (spilling duplicates the prefix in a second cache)."""
+    ttft_target_s: float = Field(0.5, gt=0)
+    """cache_aware moves a request off the replica caching most of it (its owner) only when the
+    owner's estimated TTFT breaks this target and another replica's does not; when every replica
+    breaks it, only when another is faster by more than the target (spilling duplicates the prefix)."""
     min_match_tokens: int = Field(64, ge=0)
-    """A cached prefix shorter than this is no useful match: the request is placed by load alone."""
+    """A match that exceeds what every candidate holds by fewer tokens than this is no useful match:
+    the request is placed by load alone."""
 
     host_hit_cost: float = Field(0.15, ge=0, le=1)
     """Precise mode: what a prompt token found only in a replica's host KV tier costs, as a fraction

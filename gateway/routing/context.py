@@ -32,15 +32,23 @@ class RouteContext:
     config: RoutingConfig
     best_cached: int = field(init=False)
     """The most cached tokens any eligible replica has."""
+    shared_cached: int = field(init=False)
+    """Cached tokens every eligible replica has: that part of a match says nothing about where to go."""
     has_useful_match: bool = field(init=False)
+    """Some replica holds at least ``min_match_tokens`` more of the prompt than the one holding least
+    (llm-d normalises prefix scores across candidates the same way): a root every replica holds,
+    such as a shared system prompt, does not make a one-shot prompt look like a hit."""
     assumed_prefill_rate: float = field(init=False)
     """Prefill tokens/s of a replica that has not measured its own: the mean of those that have
     (replicas of one model usually run on like hardware), else the configured rate. Mixing a
     measured rate with a made-up one would starve or swamp the replica that measured first."""
 
     def __post_init__(self) -> None:
-        self.best_cached = max((self.cached.get(replica.name, 0) for replica in self.replicas), default=0)
-        self.has_useful_match = self.best_cached > 0 and self.best_cached >= self.config.min_match_tokens
+        held = [self.cached.get(replica.name, 0) for replica in self.replicas]
+        self.best_cached = max(held, default=0)
+        self.shared_cached = min(held, default=0)
+        distinct = self.best_cached - self.shared_cached
+        self.has_useful_match = distinct > 0 and distinct >= self.config.min_match_tokens
         measured = [replica.prefill_tokens_per_s for replica in self.replicas if replica.prefill_tokens_per_s]
         self.assumed_prefill_rate = sum(measured) / len(measured) if measured else self.config.prefill_tokens_per_s
 
@@ -51,6 +59,14 @@ class RouteContext:
     def useful_cached(self, name: str) -> int:
         """Cached tokens worth routing on: none at all when no replica has a useful match."""
         return self.cached.get(name, 0) if self.has_useful_match else 0
+
+    def distinct_cached(self, name: str) -> int:
+        """Cached tokens of this replica beyond what every candidate holds (0 without a useful match)."""
+        return self.cached.get(name, 0) - self.shared_cached if self.has_useful_match else 0
+
+    def is_owner(self, name: str) -> bool:
+        """Holds the longest useful match: the replica whose cache a follow-up turn should reuse."""
+        return self.has_useful_match and self.cached.get(name, 0) == self.best_cached
 
     def prefill_rate(self, replica: ReplicaState) -> float:
         return replica.prefill_tokens_per_s or self.assumed_prefill_rate

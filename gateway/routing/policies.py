@@ -80,7 +80,7 @@ class Policy:
             range(len(ctx.replicas)),
             key=lambda i: (
                 -round(totals[i], 9),
-                -ctx.useful_cached(ctx.replicas[i].name),
+                -ctx.distinct_cached(ctx.replicas[i].name),
                 ctx.indexed_blocks.get(ctx.replicas[i].name, 0),
                 ctx.replicas[i].name,
             ),

@@ -16,6 +16,8 @@ _EPSILON_S = 1e-3
 RESOLUTION_S = 0.01
 """Time estimates are rounded to this: closer replicas tie, and the picker's tie-breaks (more
 of the prompt cached, then the emptier cache) decide instead of measurement noise."""
+NEVER_S = 1e6
+"""The cost of a replica the owner rule rules out: it scores about 0."""
 
 
 class Scorer(Protocol):
@@ -34,28 +36,48 @@ def inverse_cost(seconds: list[float]) -> list[float]:
 class EstimatedTTFT:
     """cache_aware: time to first token = queue wait + prefill of the tokens not cached there.
 
-    A replica with less of the prompt cached than the best one has its estimate multiplied by
-    ``spill_ttft_ratio``: spilling duplicates the prefix in another cache, which only pays when
-    the best-cached replica is clearly slower, not when the two are close.
+    Owners keep their follow-ups: a replica holding less of the prompt than the owner (the replica
+    with the longest useful match) competes only when the owner's estimate breaks
+    ``ttft_target_s`` and its own does not. Moving a request recomputes its prefix and duplicates
+    it in a second cache, which pays only when the owner truly cannot keep up. When every replica
+    breaks the target (overload), another replica wins only if it is faster by more than the
+    target, so a hot prefix still spreads off an owner whose queue keeps growing.
     """
 
     def score(self, ctx: RouteContext) -> list[float]:
-        best = ctx.useful_best_cached
-        ratio = ctx.config.spill_ttft_ratio
+        estimates = [ctx.estimated_ttft_s(replica) for replica in ctx.replicas]
+        if not ctx.has_useful_match:
+            return inverse_cost(estimates)
+        target = ctx.config.ttft_target_s
+        owner_s = min(
+            estimate for replica, estimate in zip(ctx.replicas, estimates, strict=True) if ctx.is_owner(replica.name)
+        )
         return inverse_cost(
             [
-                ctx.estimated_ttft_s(replica) * (ratio if ctx.useful_cached(replica.name) < best else 1.0)
-                for replica in ctx.replicas
+                estimate if ctx.is_owner(replica.name) else _mover_cost(estimate, owner_s, target)
+                for replica, estimate in zip(ctx.replicas, estimates, strict=True)
             ]
         )
 
 
+def _mover_cost(estimate_s: float, owner_s: float, target_s: float) -> float:
+    """What a replica that is not the owner costs under the owner rule."""
+    if owner_s <= target_s:
+        return NEVER_S
+    if estimate_s <= target_s:
+        return estimate_s
+    return estimate_s + target_s
+
+
 class PrefixAffinity:
-    """Pure affinity: the fraction of the prompt cached, load ignored."""
+    """Pure affinity, load ignored: each replica's match beyond what every candidate holds,
+    normalised so the longest scores 1 (llm-d's prefix scorer); all 0 without a useful match."""
 
     def score(self, ctx: RouteContext) -> list[float]:
-        prompt = max(ctx.request.prompt_tokens, 1)
-        return [ctx.useful_cached(replica.name) / prompt for replica in ctx.replicas]
+        best = ctx.best_cached - ctx.shared_cached
+        if not ctx.has_useful_match:
+            return [0.0] * len(ctx.replicas)
+        return [ctx.distinct_cached(replica.name) / best for replica in ctx.replicas]
 
 
 class LeastLoaded:

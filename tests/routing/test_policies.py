@@ -30,17 +30,6 @@ def test_cache_aware_spills_a_hot_prefix_when_its_replica_is_busy() -> None:
     assert decision.predicted_cached_tokens == 0
 
 
-def test_cache_aware_does_not_spill_on_a_close_call() -> None:
-    """b's estimate is 1.5x an idle replica's full prefill: below the default spill ratio of 2."""
-    busy_b = [state("a", in_flight=1, prefill_tokens=2000), state("b", in_flight=1, prefill_tokens=1470), state("c")]
-    sticky = router()
-    warm(sticky, "b", prefix=1)
-    assert sticky.route(request(1), busy_b).backend == "b"
-    eager = router(spill_ttft_ratio=1.0)
-    warm(eager, "b", prefix=1)
-    assert (eager.route(request(1), busy_b).backend, eager.route(request(1), busy_b).reason) == ("c", "load-spill")
-
-
 def test_cache_aware_counts_replica_reported_queue() -> None:
     r = router(decode_wait_s_per_request=0.5)
     warm(r, "a", prefix=1)

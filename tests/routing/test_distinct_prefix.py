@@ -1,0 +1,71 @@
+"""Only the part of a match that tells replicas apart counts: a prefix every candidate holds
+(a shared system prompt, the traces' common 64-token root) is no reason to go anywhere."""
+
+from gateway.routing.router import Router
+from gateway.routing.types import RouteRequest
+from radix.hashing import block_hashes
+from tests.routing.helpers import BLOCK, MODEL, router, state
+
+ROOT = list(range(1000, 1128))
+"""128 tokens (8 blocks) that every request below starts with."""
+
+
+def prompt_request(tail_seed: int, tail_tokens: int, shared_tail: int = 0, request_id: str = "r") -> RouteRequest:
+    """ROOT, then ``shared_tail`` tokens of conversation ``tail_seed``, then tokens unique to ``request_id``."""
+    conversation = [tail_seed * 100_003 + i for i in range(shared_tail)]
+    unique = [hash((request_id, i)) % 50_000 + 60_000 for i in range(tail_tokens)]
+    tokens = ROOT + conversation + unique
+    return RouteRequest(request_id, MODEL, block_hashes(tokens, BLOCK, MODEL), len(tokens), 16, token_ids=tokens)
+
+
+def hold(r: Router, replica: str, req: RouteRequest) -> None:
+    r.on_routed(req, replica)
+
+
+def test_a_root_every_replica_holds_is_no_match() -> None:
+    r = router(min_match_tokens=64)
+    for name in "abc":
+        hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
+    one_shot = prompt_request(0, 400, request_id="one-shot")
+    replicas = [state("a", in_flight=1, prefill_tokens=300), state("b"), state("c", in_flight=1, prefill_tokens=10)]
+    decision = r.route(one_shot, replicas)
+    assert (decision.backend, decision.reason) == ("b", "no-match"), "placed by load alone"
+    assert decision.predicted_cached_tokens == 128, "the root is still cached there, and predicted so"
+
+
+def test_a_root_only_some_replicas_hold_still_counts_as_a_match() -> None:
+    r = router(min_match_tokens=64)
+    hold(r, "a", prompt_request(0, 64, request_id="seed-a"))
+    decision = r.route(prompt_request(0, 400, request_id="one-shot"), [state("a"), state("b"), state("c")])
+    assert (decision.backend, decision.reason) == ("a", "prefix-hit")
+
+
+def test_the_conversation_beyond_the_shared_root_decides() -> None:
+    r = router(min_match_tokens=64)
+    for name in "abc":
+        hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
+    hold(r, "c", prompt_request(7, 16, shared_tail=320, request_id="turn-1"))
+    decision = r.route(
+        prompt_request(7, 64, shared_tail=320, request_id="turn-2"), [state("a"), state("b"), state("c")]
+    )
+    assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("c", "prefix-hit", 448)
+
+
+def test_a_distinct_part_shorter_than_min_match_tokens_is_no_match() -> None:
+    r = router(min_match_tokens=64)
+    for name in "abc":
+        hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
+    hold(r, "c", prompt_request(7, 0, shared_tail=48, request_id="turn-1"))
+    decision = r.route(prompt_request(7, 64, shared_tail=48, request_id="turn-2"), [state("a"), state("b"), state("c")])
+    assert decision.reason == "no-match"
+
+
+def test_prefix_affinity_scores_the_distinct_part_normalised_across_candidates() -> None:
+    r = router("prefix_affinity", min_match_tokens=16)
+    for name in "abc":
+        hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
+    hold(r, "b", prompt_request(7, 0, shared_tail=160, request_id="half"))
+    hold(r, "c", prompt_request(7, 0, shared_tail=320, request_id="whole"))
+    ctx_request = prompt_request(7, 64, shared_tail=320, request_id="next")
+    decision = r.route(ctx_request, [state("a"), state("b"), state("c", in_flight=9, prefill_tokens=9000)])
+    assert decision.ranked == ["c", "b", "a"], "320 beyond the root scores 1, 160 scores 0.5, the root alone 0"
