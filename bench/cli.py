@@ -12,7 +12,7 @@ from bench.contenders import FleetSpec, contenders_for, sglang_install_hint, sgl
 from bench.processes import REPO
 from bench.runner import RunSettings, run_benchmark
 from bench.workloads import WORKLOADS
-from engine.sim_runner import SIM_PRESETS
+from engine.sim_runner import SIM_PRESETS, SimCosts
 
 DEFAULT_NUM_BLOCKS = {
     "shared-prefix": 3072,
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     run.add_argument("--request-timeout", type=float, default=300.0)
     run.add_argument("--out", type=Path, help="report folder (default: bench/out/WORKLOAD)")
+    commands.add_parser("simulate", help="the same comparison in virtual time, in one process", add_help=False)
     commands.add_parser(
         "overhead", help="added latency of kvgate and sglang-router over a zero-latency backend", add_help=False
     )
@@ -88,8 +89,12 @@ def main(argv: list[str]) -> int:
         from bench.overhead import main as overhead_main
 
         return overhead_main(argv[1:])
+    if argv[:1] == ["simulate"]:
+        from bench.simulate_cli import main as simulate_main
+
+        return simulate_main(argv[1:])
     args = build_parser().parse_args(argv)
-    overrides = _pairs(args.set, "--set")
+    overrides = pairs(args.set, "--set")
     if args.workload == "trace-replay" and "trace_file" not in overrides:
         trace = args.trace_dir / TRACE_FILES[args.trace]
         if not trace.is_file():
@@ -99,7 +104,7 @@ def main(argv: list[str]) -> int:
     if args.peers and not sglang_router_binary().exists():
         print(sglang_install_hint(), file=sys.stderr)
         return 2
-    routing = {key: yaml.safe_load(value) for key, value in _pairs(args.routing, "--routing").items()}
+    routing = {key: yaml.safe_load(value) for key, value in pairs(args.routing, "--routing").items()}
     contenders = [
         dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
         for contender in contenders_for(args.policy.split(","), args.peers)
@@ -134,12 +139,16 @@ def sim_cost_args(prefill_s_per_token: float) -> list[str]:
     Every constant is scaled by the same factor, so the model's shape (prefill against decode,
     batch and context costs) stays the calibrated one while a run takes minutes, not hours.
     """
-    costs = SIM_PRESETS["smollm2-cpu"]
-    scale = prefill_s_per_token / costs.prefill_per_token_s
+    costs = scaled_costs(SIM_PRESETS["smollm2-cpu"], prefill_s_per_token)
     return [
-        f"--sim-{field.name.replace('_', '-')}={getattr(costs, field.name) * scale:.9g}"
-        for field in dataclasses.fields(costs)
+        f"--sim-{field.name.replace('_', '-')}={getattr(costs, field.name):.9g}" for field in dataclasses.fields(costs)
     ]
+
+
+def scaled_costs(costs: SimCosts, prefill_s_per_token: float) -> SimCosts:
+    """``costs`` with every constant scaled by one factor, so that prefill costs ``prefill_s_per_token``."""
+    scale = prefill_s_per_token / costs.prefill_per_token_s
+    return SimCosts(**{field.name: getattr(costs, field.name) * scale for field in dataclasses.fields(costs)})
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -147,7 +156,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
+def pairs(items: list[str], flag: str) -> dict[str, str]:
     pairs = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -6,6 +6,8 @@ cache model and the calibration of its predictions current.
 """
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.routing.cache_tracker import CacheTracker
@@ -32,10 +34,17 @@ class _Pending:
 
 
 class Router:
-    def __init__(self, config: RoutingConfig, block_size: int, replicas: list[ReplicaSpec]) -> None:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        block_size: int,
+        replicas: list[ReplicaSpec],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` dates the cache model's entries (a virtual clock in ``kvgate bench simulate``)."""
         self.block_size = block_size
         self.config = config
-        self.tracker = CacheTracker(config, block_size, replicas)
+        self.tracker = CacheTracker(config, block_size, replicas, clock)
         self.calibration = Calibration()
         self._rings: dict[str, HashRing] = {}
         self._replicas = list(replicas)

@@ -1,0 +1,128 @@
+"""One bundled-engine replica on a virtual clock: the engine's real scheduler and block manager,
+with each step taking the time the sim cost model says instead of sleeping it.
+
+It mirrors ``engine/llm_engine.py``'s loop: requests that arrive during a step join the next
+one; after every step the block manager's KV events are handed on (to the router's index, as
+the gateway's subscriber would) and each sampled token is timed. What the gateway's health
+checks read from ``/stats`` (running, waiting, measured prefill rate) is ``report()``.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.runner_api import SamplingParams
+from engine.scheduler import ScheduledStep, Scheduler
+from engine.sequence import Sequence
+from engine.sim_runner import SimCosts
+from radix.kv_event_format import KVEvent
+
+PREFILL_RATE_DECAY = 0.9
+"""As the engine: weight kept by past steps in the measured prefill rate."""
+WORD_TOKENS = 50
+"""Pseudo output tokens cycle through this many ids (their values never matter to a prompt)."""
+
+
+@dataclass
+class SimRequest:
+    """A request in flight on a replica, and its timings in virtual seconds."""
+
+    seq: Sequence
+    sent_s: float
+    on_first_token: Callable[[float], None]
+    on_finished: Callable[["SimRequest", float], None]
+    first_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+
+
+class SimReplica:
+    def __init__(
+        self,
+        name: str,
+        num_blocks: int,
+        block_size: int,
+        model: str,
+        costs: SimCosts,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.name = name
+        self.costs = costs
+        self.max_model_len = max_model_len
+        self.block_manager = BlockManager(num_blocks, block_size, model)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.busy_until: float | None = None
+        """End of the step in progress; None when idle."""
+        self.served = 0
+        self._requests: dict[int, SimRequest] = {}
+        self._next_seq_id = 0
+        self._step: ScheduledStep | None = None
+        self._prefill_tokens = 0.0
+        self._prefill_seconds = 0.0
+
+    def add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        now: float,
+        on_first_token: Callable[[float], None],
+        on_finished: Callable[[SimRequest, float], None],
+    ) -> None:
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        seq = Sequence(self._next_seq_id, list(prompt), sampling, self.max_model_len, arrival_time=now)
+        self._next_seq_id += 1
+        self._requests[seq.seq_id] = SimRequest(seq, now, on_first_token, on_finished)
+        self.scheduler.add(seq)
+
+    def start_step(self, now: float) -> float | None:
+        """Schedule the next step if there is work; its end time, or None (idle or stalled)."""
+        if self.busy_until is not None or not self.scheduler.has_work:
+            return None
+        step = self.scheduler.schedule()
+        if not step.chunks:
+            return None
+        seconds = self.costs.step_seconds(step.chunks)
+        if step.num_prefill_tokens:
+            self._prefill_tokens = self._prefill_tokens * PREFILL_RATE_DECAY + step.num_prefill_tokens
+            self._prefill_seconds = self._prefill_seconds * PREFILL_RATE_DECAY + seconds
+        self._step = step
+        self.busy_until = now + seconds
+        return self.busy_until
+
+    def finish_step(self, now: float) -> list[KVEvent]:
+        """Complete the step in progress at ``now``; the KV events it produced."""
+        step, self._step, self.busy_until = self._step, None, None
+        assert step is not None
+        sampled: list[int | None] = [
+            _word_token(chunk.start_pos + len(chunk.token_ids)) if chunk.sample else None for chunk in step.chunks
+        ]
+        self.scheduler.postprocess(step, sampled)
+        for seq, token in zip(step.seqs, sampled, strict=True):
+            if token is not None:
+                self._advance(self._requests[seq.seq_id], now)
+        return self.block_manager.drain_events()
+
+    def report(self) -> dict[str, float | int]:
+        """The numbers the engine's /stats gives the gateway."""
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "prefill_tokens_per_s": self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else 0.0,
+        }
+
+    def _advance(self, request: SimRequest, now: float) -> None:
+        seq = request.seq
+        if request.first_token_s is None:
+            request.first_token_s = now
+            request.on_first_token(now)
+        request.token_times_s.append(now)
+        if seq.finish_reason is not None:
+            del self._requests[seq.seq_id]
+            self.scheduler.finish(seq)
+            self.served += 1
+            request.on_finished(request, now)
+
+
+def _word_token(position: int) -> int:
+    return 1000 + position % WORD_TOKENS

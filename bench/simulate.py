@@ -1,0 +1,322 @@
+"""A whole benchmark in virtual time, in one process: kvgate's real ``Router`` in front of
+simulated replicas (the engine's real scheduler and block manager, ``bench/sim_replica.py``).
+
+The gateway part mirrors ``gateway/dispatch.py``: the router ranks the replicas; a request goes
+to the best one with room for its KV blocks (``gateway/admission/kv_budget.py``), else waits in
+a FIFO until a request finishes; the replica counts its uncached prompt tokens as queued prefill
+until its first token. Replicas' KV events reach the router's index at the end of each step
+(precise mode), and the numbers health checks read from ``/stats`` are refreshed every
+``report_interval_s``, as the gateway's checker does. Nothing sleeps and nothing is timed by a
+wall clock, so a run is exactly repeatable and thousands of requests over hundreds of replicas
+take seconds to minutes.
+
+Not modelled: network and gateway latency (about a millisecond in ``bench run``), chat
+templates (token-id workloads only) and sglang-router (it runs only in ``bench run``).
+"""
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bench.contenders import MODEL, Contender
+from bench.loadgen import LoadResult, RequestResult
+from bench.sim_replica import SimReplica, SimRequest
+from bench.workloads.types import BenchRequest
+from engine.config import EngineConfig
+from engine.sim_runner import SimCosts
+from gateway.admission.kv_budget import blocks_needed, fits
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import ReplicaSpec, Router
+from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
+from radix.hashing import block_hashes
+from radix.kv_event_format import EventBatch
+from radix.kv_event_ingest import KVEventApplier
+
+SIM_KV_EVENTS = "sim://in-process"
+"""The KV-event endpoint simulated replicas are given: it marks them precise for the router."""
+
+
+@dataclass(frozen=True)
+class SimFleet:
+    replicas: int
+    num_blocks: int
+    costs: SimCosts
+    block_size: int = 16
+    kv_events: bool = True
+    """The router follows the replicas' KV events (precise mode); else it predicts their caches."""
+    max_num_seqs: int = EngineConfig.max_num_seqs
+    max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
+    report_interval_s: float = 2.0
+    """How often the gateway's health checks refresh each replica's /stats (health.interval_s)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """As ``bench run`` starts its replicas: 8,192, or less when the KV cache is smaller."""
+        return min(8192, self.num_blocks * self.block_size)
+
+
+@dataclass
+class SimOutcome:
+    load: LoadResult
+    served: list[int]
+    """Requests each replica finished."""
+
+
+@dataclass
+class _Backend:
+    """What the gateway's backend pool tracks per replica."""
+
+    replica: SimReplica
+    in_flight: int = 0
+    in_flight_prefill_tokens: int = 0
+    kv_reserved_blocks: int = 0
+    reported: dict[str, float | int] = field(default_factory=dict)
+
+    def state(self) -> ReplicaState:
+        return ReplicaState(
+            name=self.replica.name,
+            model=MODEL,
+            healthy=True,
+            in_flight=self.in_flight,
+            in_flight_prefill_tokens=self.in_flight_prefill_tokens,
+            num_running=_int_or_none(self.reported.get("running")),
+            num_waiting=_int_or_none(self.reported.get("waiting")),
+            prefill_tokens_per_s=self.reported.get("prefill_tokens_per_s") or None,
+        )
+
+
+def _int_or_none(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
+
+
+class VirtualFleet:
+    """One contender (a kvgate policy, or the client's direct round robin) over simulated replicas."""
+
+    def __init__(self, contender: Contender, fleet: SimFleet) -> None:
+        if contender.kind not in ("kvgate", "direct"):
+            raise ValueError(f"bench simulate runs kvgate policies and direct round robin, not {contender.kind}")
+        self.fleet = fleet
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._foreground = 0
+        """Scheduled events other than the periodic /stats refresh: none left means nothing can move."""
+        self._order = itertools.count()
+        self.backends = [
+            _Backend(
+                SimReplica(
+                    f"replica-{index}",
+                    fleet.num_blocks,
+                    fleet.block_size,
+                    MODEL,
+                    fleet.costs,
+                    fleet.max_num_seqs,
+                    fleet.max_num_batched_tokens,
+                    fleet.max_model_len,
+                )
+            )
+            for index in range(fleet.replicas)
+        ]
+        self._by_name = {backend.replica.name: backend for backend in self.backends}
+        self.router: Router | None = None
+        self._appliers: dict[str, KVEventApplier] = {}
+        if contender.kind == "kvgate":
+            self._build_router(contender)
+        self._round_robin = itertools.cycle(self.backends)
+        self._admission: deque[Callable[[], bool]] = deque()
+
+    def _build_router(self, contender: Contender) -> None:
+        config = RoutingConfig.model_validate({"policy": contender.policy, **contender.routing})
+        events = SIM_KV_EVENTS if self.fleet.kv_events else None
+        specs = [ReplicaSpec(b.replica.name, MODEL, events, self.fleet.num_blocks) for b in self.backends]
+        self.router = Router(config, self.fleet.block_size, specs, clock=lambda: self.now)
+        if self.fleet.kv_events:
+            tracker = self.router.tracker
+            self._appliers = {
+                spec.name: KVEventApplier(
+                    tracker.index, spec.name, MODEL, self.fleet.block_size, tracker.speculative, lambda: self.now
+                )
+                for spec in specs
+            }
+
+    def run(self, requests: Sequence[BenchRequest], users: int | None = None) -> SimOutcome:
+        """Play the workload (open loop, or closed loop with ``users``) to the end."""
+        results: list[RequestResult] = []
+        sessions = _sessions(requests)
+        if users is None:
+            for session in sessions:
+                self._start_session(session, results, use_arrivals=True)
+        else:
+            pending = deque(sessions)
+
+            def next_session() -> None:
+                if pending:
+                    self._start_session(pending.popleft(), results, use_arrivals=False, then=next_session)
+
+            for _ in range(users):
+                next_session()
+        self._schedule(0.0, self._refresh_reports, background=True)
+        while self._foreground and len(results) < len(requests):
+            self.now, order, action = heapq.heappop(self._events)
+            if order >= 0:
+                self._foreground -= 1
+            action()
+        if len(results) < len(requests):
+            raise RuntimeError(f"simulation stalled with {len(requests) - len(results)} requests unfinished")
+        duration = max((r.start_s + (r.e2e_s or 0.0) for r in results), default=0.0)
+        return SimOutcome(
+            LoadResult(sorted(results, key=lambda r: r.start_s), duration), [b.replica.served for b in self.backends]
+        )
+
+    def _schedule(self, at: float, action: Callable[[], None], background: bool = False) -> None:
+        """Run ``action`` at virtual time ``at`` (same-time events in the order scheduled)."""
+        order = next(self._order)
+        if background:
+            order = -order - 1
+        else:
+            self._foreground += 1
+        heapq.heappush(self._events, (at, order, action))
+
+    def _refresh_reports(self) -> None:
+        for backend in self.backends:
+            backend.reported = backend.replica.report()
+        self._schedule(self.now + self.fleet.report_interval_s, self._refresh_reports, background=True)
+
+    def _start_session(
+        self,
+        session: list[BenchRequest],
+        results: list[RequestResult],
+        use_arrivals: bool,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        turns = iter(session)
+
+        def send_next(previous_end: float) -> None:
+            request = next(turns, None)
+            if request is None:
+                if then is not None:
+                    then()
+                return
+            ready = previous_end + request.think_s
+            if use_arrivals:
+                ready = max(ready, request.arrival_s)
+            self._schedule(ready, lambda: self._send(request, results, send_next))
+
+        send_next(self.now)
+
+    def _send(self, request: BenchRequest, results: list[RequestResult], done: Callable[[float], None]) -> None:
+        if request.prompt_ids is None:
+            raise ValueError("bench simulate replays token-id workloads only (chat templates are not simulated)")
+        prompt = list(request.prompt_ids)
+        result = RequestResult(request.request_id, request.group, start_s=self.now, prompt_tokens=len(prompt))
+        if len(prompt) >= self.fleet.max_model_len:
+            result.status, result.error = 400, "prompt longer than the replicas' context"
+            results.append(result)
+            done(self.now)
+            return
+        route = RouteRequest(
+            request.request_id,
+            MODEL,
+            block_hashes(prompt, self.fleet.block_size, MODEL),
+            len(prompt),
+            request.max_tokens,
+            session_key=request.user,
+        )
+
+        def finished(sim_request: SimRequest, now: float) -> None:
+            self._record(result, sim_request, now)
+            results.append(result)
+            done(now)
+
+        def place() -> bool:
+            return self._place(route, prompt, result, finished)
+
+        if self._admission or not place():
+            self._admission.append(place)
+
+    def _place(
+        self,
+        route: RouteRequest,
+        prompt: list[int],
+        result: RequestResult,
+        finished: Callable[[SimRequest, float], None],
+    ) -> bool:
+        """Route and hand the request to a replica with room for its KV blocks; False if none has."""
+        decision, uncached, kv_blocks = self._choose(route)
+        if decision is None:
+            return False
+        backend = self._by_name[decision.backend]
+        result.backend, result.route_reason, result.status = decision.backend, decision.reason, 200
+        if self.router is not None:
+            self.router.on_routed(route, backend.replica.name)
+        backend.in_flight += 1
+        backend.in_flight_prefill_tokens += uncached
+        backend.kv_reserved_blocks += kv_blocks
+
+        def first_token(now: float) -> None:
+            backend.in_flight_prefill_tokens -= uncached
+
+        def done(sim_request: SimRequest, now: float) -> None:
+            backend.in_flight -= 1
+            backend.kv_reserved_blocks -= kv_blocks
+            if self.router is not None:
+                self.router.on_finished(route, backend.replica.name, sim_request.seq.num_cached_tokens, ok=True)
+            finished(sim_request, now)
+            self._schedule(now, self._pump_admission)
+
+        backend.replica.add(prompt, route.max_tokens, self.now, first_token, done)
+        self._start_step(backend.replica)
+        return True
+
+    def _choose(self, route: RouteRequest) -> tuple[RouteDecision | None, int, int]:
+        """The gateway's placement: ranked replicas until one has room for the request's KV blocks."""
+        block_size = self.fleet.block_size
+        if self.router is None:
+            backend = next(self._round_robin)
+            decision = RouteDecision(backend.replica.name, "direct", 0, [backend.replica.name])
+            return decision, route.prompt_tokens, blocks_needed(route.prompt_tokens, route.max_tokens, block_size)
+        candidates = list(self.backends)
+        while candidates:
+            decision = self.router.route(route, [backend.state() for backend in candidates])
+            backend = self._by_name[decision.backend]
+            uncached = route.prompt_tokens - decision.predicted_cached_tokens
+            kv_blocks = blocks_needed(uncached, route.max_tokens, block_size)
+            if fits(backend.kv_reserved_blocks, kv_blocks, self.fleet.num_blocks):
+                return decision, uncached, kv_blocks
+            candidates.remove(backend)
+        return None, 0, 0
+
+    def _pump_admission(self) -> None:
+        """Place queued requests, oldest first, while they fit."""
+        while self._admission and self._admission[0]():
+            self._admission.popleft()
+
+    def _start_step(self, replica: SimReplica) -> None:
+        end = replica.start_step(self.now)
+        if end is not None:
+            self._schedule(end, lambda: self._finish_step(replica))
+
+    def _finish_step(self, replica: SimReplica) -> None:
+        events = replica.finish_step(self.now)
+        applier = self._appliers.get(replica.name)
+        if applier is not None and events:
+            applier.apply(EventBatch(self.now, events))
+        self._start_step(replica)
+
+    def _record(self, result: RequestResult, sim_request: SimRequest, now: float) -> None:
+        seq = sim_request.seq
+        times = sim_request.token_times_s
+        result.ttft_s = times[0] - result.start_s
+        result.itl_s = [later - earlier for earlier, later in itertools.pairwise(times)]
+        result.e2e_s = now - result.start_s
+        result.cached_tokens = seq.num_cached_tokens or 0
+        result.output_tokens = seq.num_output_tokens
+
+
+def _sessions(requests: Sequence[BenchRequest]) -> list[list[BenchRequest]]:
+    """As the load generator: requests grouped by session, in order, sessions by first arrival."""
+    by_session: dict[str, list[BenchRequest]] = {}
+    for request in sorted(requests, key=lambda request: request.arrival_s):
+        by_session.setdefault(request.session_id, []).append(request)
+    return list(by_session.values())

@@ -1,0 +1,137 @@
+"""``kvgate bench simulate``: ``bench run``'s comparison in virtual time (see bench/simulate.py).
+
+Same workloads, flags, table and plots as ``bench run``, with kvgate's real router and the
+engine's real scheduler and block manager, but no processes, sockets or sleeps: a whole trace
+over 4 to 256 replicas in minutes, exactly repeatable. Contenders are kvgate's policies and the
+client's direct round robin (sglang-router runs only in ``bench run``).
+"""
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.bounds import compute_bounds
+from bench.cli import DEFAULT_NUM_BLOCKS, TRACE_FILES, pairs, scaled_costs
+from bench.contenders import MODEL, contenders_for
+from bench.processes import REPO
+from bench.report import ContenderRow, summarize, write_report
+from bench.runner import bound_prompt
+from bench.simulate import SimFleet, VirtualFleet
+from bench.text_vocab import round_trip_vocab
+from bench.workloads import WORKLOADS, with_overrides
+from engine.sim_presets import GPU_PRESETS, preset_costs, preset_names
+from normalize.chat_tokenizer import ChatTokenizer
+
+SIM_WORKLOADS = sorted(name for name, workload in WORKLOADS.items() if not workload.chat)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate bench simulate", description=__doc__)
+    parser.add_argument("--workload", choices=SIM_WORKLOADS, required=True)
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument(
+        "--policy", default="all", help="comma-separated kvgate policies, or all (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        help="KV blocks per replica (default: a GPU preset's KV capacity, else per workload as bench run)",
+    )
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--preset",
+        choices=preset_names(),
+        default="smollm2-cpu",
+        help="sim cost model (default: %(default)s; see engine/sim_presets.py for the GPU ones)",
+    )
+    parser.add_argument(
+        "--sim-prefill-us",
+        type=float,
+        help="scale every constant of the preset so prefill costs this many microseconds per token "
+        "(default: 75 for smollm2-cpu, as bench run; GPU presets unscaled)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=SimFleet.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=SimFleet.max_num_batched_tokens)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="workload parameter (repeatable)"
+    )
+    parser.add_argument(
+        "--routing", action="append", default=[], metavar="KEY=VALUE", help="kvgate routing: setting (YAML value)"
+    )
+    parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
+    parser.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
+    parser.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds")
+    parser.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
+    parser.add_argument("--out", type=Path, help="report folder (default: bench/out/simulate/WORKLOAD)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = pairs(args.set, "--set")
+    if args.workload == "trace-replay" and "trace_file" not in overrides:
+        trace = args.trace_dir / TRACE_FILES[args.trace]
+        if not trace.is_file():
+            print(f"skipping trace replay: {trace} not found (pass --trace-dir DIR holding {TRACE_FILES[args.trace]})")
+            return 0
+        overrides["trace_file"] = str(trace)
+    routing = {key: yaml.safe_load(value) for key, value in pairs(args.routing, "--routing").items()}
+    contenders = [
+        dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
+        for contender in contenders_for(args.policy.split(","), peers=False)
+    ]
+    prefill_us = (
+        args.sim_prefill_us if args.sim_prefill_us is not None else (75.0 if args.preset == "smollm2-cpu" else None)
+    )
+    costs = preset_costs(args.preset)
+    if prefill_us is not None:
+        costs = scaled_costs(costs, prefill_us * 1e-6)
+    gpu = GPU_PRESETS.get(args.preset)
+    default_blocks = gpu.kv_blocks(args.block_size) if gpu else DEFAULT_NUM_BLOCKS[args.workload]
+    fleet = SimFleet(
+        replicas=args.replicas,
+        num_blocks=args.num_blocks or default_blocks,
+        costs=costs,
+        block_size=args.block_size,
+        kv_events=not args.predicted,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    tokenizer = ChatTokenizer.load(MODEL)
+    workload = WORKLOADS[args.workload]
+    params = with_overrides(workload.params_type(), overrides)
+    requests = workload.generate(params, round_trip_vocab(tokenizer))
+    bounds = compute_bounds(
+        [bound_prompt(request, tokenizer) for request in requests], fleet.block_size, fleet.replicas * fleet.num_blocks
+    )
+    rows: list[ContenderRow] = []
+    loads = {}
+    for contender in contenders:
+        started = time.perf_counter()
+        outcome = VirtualFleet(contender, fleet).run(requests, args.users)
+        loads[contender.name] = outcome.load
+        rows.append(summarize(contender.name, outcome.load, outcome.served, args.ttft_slo))
+        print(
+            f"-- {contender.name}: {rows[-1].hit_rate:.1%} hit rate, TTFT p50 {rows[-1].ttft_p50_s:.3f} s, "
+            f"p99 {rows[-1].ttft_p99_s:.3f} s ({time.perf_counter() - started:.1f} s to simulate)",
+            flush=True,
+        )
+    out_dir = args.out or REPO / "bench" / "out" / "simulate" / args.workload
+    meta = {
+        "mode": "simulate (virtual time)",
+        "workload": args.workload,
+        "params": dataclasses.asdict(params),
+        "fleet": {**dataclasses.asdict(fleet), "preset": args.preset},
+        "users": args.users,
+        "routing": routing,
+        "ttft_slo_s": args.ttft_slo,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    title = f"{args.workload} (simulated, {args.preset}), {fleet.replicas} replicas x {fleet.num_blocks} blocks"
+    print(write_report(out_dir, title, rows, loads, bounds, args.ttft_slo, {}, meta))
+    print(f"report: {out_dir}/report.md, report.json, hit_rate.png, ttft_cdf.png")
+    return 0
