@@ -6,6 +6,7 @@ prompt prefix, as in production. Lengths scale by ``block_tokens / 512`` (a part
 stays partial) and timestamps are divided by ``time_compression``.
 """
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,11 @@ TRACE_BLOCK_TOKENS = 512
 @dataclass(frozen=True)
 class TraceReplayParams:
     trace_file: str = ""
+    start: int = 0
+    """First record of the window (0-based line of the trace): windows of one trace are ``start``
+    = 0, 800, 1600, ... with the default ``max_requests``."""
     max_requests: int = 800
+    """Records in the window; 0: all from ``start`` to the end of the trace."""
     block_tokens: int = 64
     """Tokens each 512-token hash id becomes (64: lengths scaled by 1/8)."""
     time_compression: float = 8.0
@@ -37,7 +42,7 @@ class TraceReplayParams:
 def generate(params: TraceReplayParams, vocab: Sequence[int] = DEFAULT_VOCAB) -> list[BenchRequest]:
     if not params.trace_file:
         raise ValueError("trace replay needs trace_file")
-    records = read_trace(Path(params.trace_file), params.max_requests)
+    records = read_trace(Path(params.trace_file), params.max_requests, params.start)
     blocks: dict[int, tuple[int, ...]] = {}
     first_timestamp = records[0]["timestamp"] if records else 0
     requests = []
@@ -54,13 +59,13 @@ def generate(params: TraceReplayParams, vocab: Sequence[int] = DEFAULT_VOCAB) ->
     return requests
 
 
-def read_trace(path: Path, max_requests: int) -> list[dict]:
+def read_trace(path: Path, max_requests: int, start: int = 0) -> list[dict]:
+    """Records ``start`` .. ``start + max_requests - 1`` (to the end when ``max_requests`` is 0)."""
     records = []
     with path.open("rb") as lines:
-        for line in lines:
-            if line.strip():
-                records.append(orjson.loads(line))
-            if len(records) >= max_requests:
+        for line in itertools.islice((line for line in lines if line.strip()), start, None):
+            records.append(orjson.loads(line))
+            if len(records) == max_requests:
                 break
     return records
 

@@ -158,3 +158,14 @@ def test_with_overrides_converts_and_rejects_unknown() -> None:
     assert params.num_groups == 3 and params.request_rate == float("inf")
     with pytest.raises(ValueError, match="unknown parameters"):
         with_overrides(SharedPrefixParams(), {"groups": "3"})
+
+
+def test_trace_windows_start_at_their_first_record_and_zero_takes_the_rest(tiny_trace: Path) -> None:
+    whole = trace_replay(TraceReplayParams(trace_file=str(tiny_trace), block_tokens=64, time_compression=1.0))
+    window = trace_replay(
+        TraceReplayParams(trace_file=str(tiny_trace), start=1, max_requests=2, block_tokens=64, time_compression=1.0)
+    )
+    assert [r.prompt_ids for r in window] == [r.prompt_ids for r in whole[1:3]]
+    assert [r.arrival_s for r in window] == [0.0, 1.5], "a window's clock starts at its first record"
+    rest = trace_replay(TraceReplayParams(trace_file=str(tiny_trace), start=2, max_requests=0, block_tokens=64))
+    assert [r.prompt_ids for r in rest] == [r.prompt_ids for r in whole[2:]]

@@ -1,0 +1,70 @@
+"""``kvgate bench simulate``: the real router and engine parts on a virtual clock."""
+
+from bench.cli import scaled_costs
+from bench.contenders import Contender
+from bench.simulate import SimFleet, VirtualFleet
+from bench.workloads.multi_turn import MultiTurnParams
+from bench.workloads.multi_turn import generate as multi_turn
+from bench.workloads.shared_prefix import SharedPrefixParams
+from bench.workloads.shared_prefix import generate as shared_prefix
+from engine.sim_runner import SMOLLM2_CPU
+
+COSTS = scaled_costs(SMOLLM2_CPU, 75e-6)
+REQUESTS = shared_prefix(SharedPrefixParams(num_groups=8, prompts_per_group=6, system_prompt_len=512, request_rate=40))
+
+
+def test_every_request_finishes_and_every_replica_ends_with_all_blocks_free() -> None:
+    fleet = VirtualFleet(Contender("kvgate", "cache_aware"), SimFleet(replicas=3, num_blocks=256, costs=COSTS))
+    outcome = fleet.run(REQUESTS)
+    assert len(outcome.load.results) == len(REQUESTS) and all(r.ok for r in outcome.load.results)
+    assert sum(outcome.served) == len(REQUESTS)
+    assert all(r.output_tokens == 16 and r.ttft_s is not None and r.ttft_s > 0 for r in outcome.load.results)
+    for backend in fleet.backends:
+        manager = backend.replica.block_manager
+        manager.assert_invariants()
+        assert manager.num_free_blocks == manager.num_blocks, "no block leaked"
+        assert backend.in_flight == backend.in_flight_prefill_tokens == backend.kv_reserved_blocks == 0
+
+
+def test_the_router_index_follows_the_replicas_kv_events_exactly() -> None:
+    fleet = VirtualFleet(Contender("kvgate", "cache_aware"), SimFleet(replicas=3, num_blocks=256, costs=COSTS))
+    fleet.run(REQUESTS)
+    assert fleet.router is not None
+    index = fleet.router.tracker.index
+    for backend in fleet.backends:
+        assert index.blocks(backend.replica.name) == backend.replica.block_manager.num_cached_blocks > 0
+
+
+def test_runs_are_exactly_repeatable() -> None:
+    def timings() -> list[tuple[str | None, float | None, int]]:
+        fleet = VirtualFleet(Contender("kvgate", "cache_aware"), SimFleet(replicas=3, num_blocks=256, costs=COSTS))
+        return [(r.backend, r.ttft_s, r.cached_tokens) for r in fleet.run(REQUESTS).load.results]
+
+    assert timings() == timings()
+
+
+def test_cache_aware_beats_direct_round_robin_on_hits_and_ttft() -> None:
+    fleet = SimFleet(replicas=4, num_blocks=256, costs=COSTS)
+    aware = VirtualFleet(Contender("kvgate", "cache_aware"), fleet).run(REQUESTS).load.results
+    direct = VirtualFleet(Contender("direct", "round_robin"), fleet).run(REQUESTS).load.results
+
+    def hits(results: list) -> float:
+        return sum(r.cached_tokens for r in results) / sum(r.prompt_tokens for r in results)
+
+    assert hits(aware) > hits(direct) + 0.2
+    assert sorted(r.ttft_s for r in aware)[len(aware) // 2] < sorted(r.ttft_s for r in direct)[len(direct) // 2]
+
+
+def test_sessions_send_their_next_turn_after_the_previous_one_ends() -> None:
+    requests = multi_turn(MultiTurnParams(num_users=3, turns=3, system_prompt_len=128, think_s=0.2))
+    results = VirtualFleet(Contender("kvgate", "session"), SimFleet(replicas=2, num_blocks=256, costs=COSTS)).run(
+        requests
+    )
+    by_id = {r.request_id: r for r in results.load.results}
+    for user in range(3):
+        for turn in (1, 2):
+            before, after = by_id[f"mt-{user}-{turn - 1}"], by_id[f"mt-{user}-{turn}"]
+            assert before.e2e_s is not None
+            assert after.start_s >= before.start_s + before.e2e_s + 0.2 - 1e-9
+            assert after.backend == before.backend and after.route_reason == "session"
+            assert after.cached_tokens > 0
