@@ -2,7 +2,7 @@
 simulated replicas (the engine's real scheduler and block manager, ``bench/sim_replica.py``).
 
 The gateway part mirrors ``gateway/dispatch.py``: the router ranks the replicas; a request goes
-to the best one with room for its KV blocks (``gateway/admission/kv_budget.py``), else waits in
+to the best one with room for its KV blocks (``gateway/admission/kv_blocks.py``), else waits in
 a FIFO until a request finishes; the replica counts its uncached prompt tokens as queued prefill
 until its first token. Replicas' KV events reach the router's index at the end of each step
 (precise mode), and the numbers health checks read from ``/stats`` are refreshed every
@@ -26,7 +26,7 @@ from bench.sim_replica import SimReplica, SimRequest
 from bench.workloads.types import BenchRequest
 from engine.config import EngineConfig
 from engine.sim_runner import SimCosts
-from gateway.admission.kv_budget import blocks_needed, fits
+from gateway.admission.kv_blocks import blocks_needed, fits
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
