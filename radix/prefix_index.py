@@ -10,18 +10,26 @@ each node by the *path* of hashes and keep a child dict plus a node object per b
 times the memory and a slower walk, for parent/child links this index never needs. pygtrie is
 not used.
 
-Leaves-first LRU eviction without child links. Each replica keeps its blocks in a dict in
-least-recently-used order (dicts keep insertion order; a touch re-inserts), valued by the time
-last used. Blocks are only ever inserted or touched as whole chains from the root, and a chain
-is touched leaf to root, so every block is more recently used than all its descendants held by
-the same replica (invariant I1). Evicting from the old end of the order therefore always
-removes a leaf of that replica's subtree first, like an engine's free-block queue. A plain dict
-costs half the memory of an ``OrderedDict``, but finding its oldest entry skips the slots of
-entries deleted since the dict was last compacted, so a replica over capacity is evicted in a
-batch, down to ``capacity - capacity // 64`` blocks (``eviction_target``).
+Leaves-first LRU eviction without child links. Blocks are only ever inserted or touched as
+whole chains from the root, leaf to root, so every block is more recently used than all its
+descendants held by the same replica (invariant I1): evicting the least recently used block
+always removes a leaf of that replica's subtree, like an engine's free-block queue.
+
+The LRU order is kept as a touch log, not by moving entries. Each replica has ``stamp: hash ->
+sequence number of its latest touch`` and a log of touches in order, each ``(seq, now, chain
+leaf first)``. A block's place in the order is its entry in the touch that last stamped it;
+its older log entries are stale and skipped. Touching a held block is then one in-place dict
+store instead of a delete and a re-insert (a third of the dict operations of ``insert``, and
+the ones that missed the CPU cache most). Eviction walks the log from its oldest touch. Stale
+references are dropped as eviction passes them, and the log is compacted when it holds more
+than ``COMPACT_RATIO`` times as many references as the replica holds blocks, so memory stays
+bounded for a replica that never fills up. Eviction works in batches, down to ``capacity -
+capacity // 64`` blocks (``eviction_target``).
 
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
-insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops.
+insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops, and
+``insert`` takes one ``setdefault`` per block in the node table (a lookup and, for a new block,
+its insertion in one probe).
 
 Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
 tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
@@ -41,15 +49,32 @@ Invariants (``check_integrity``):
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, compress, islice, repeat, takewhile
-from operator import and_, not_, or_
+from itertools import accumulate, compress, repeat, takewhile
+from operator import and_, eq, not_, or_
 
 BlockHash = int
 
 BYTES_PER_NODE = 90
 """A 128-bit int key (48 B) and its slot in the node table (~42 B)."""
-BYTES_PER_ENTRY = 50
-"""A slot in a replica's LRU dict (~42 B) and, on average, a share of a mask int."""
+BYTES_PER_ENTRY = 58
+"""A slot in a replica's stamp dict (~42 B), its touch-log reference (8 B) and a share of a mask int."""
+COMPACT_RATIO = 2
+"""A replica's touch log is compacted when it references more than this many times its blocks."""
+
+
+class _Touch:
+    """One insert of a chain under a replica: the blocks it stamped with ``seq``, leaf first."""
+
+    __slots__ = ("seq", "now", "chain")
+
+    def __init__(self, seq: int, now: float, chain: list[BlockHash]) -> None:
+        self.seq = seq
+        self.now = now
+        self.chain = chain
+
+    def live(self, stamp: dict[BlockHash, int]) -> list[BlockHash]:
+        """The blocks this touch is still the latest touch of, in LRU order."""
+        return list(compress(self.chain, map(eq, map(stamp.get, self.chain), repeat(self.seq))))
 
 
 class PrefixIndex:
@@ -60,10 +85,13 @@ class PrefixIndex:
         "_slot",
         "_names",
         "_bits",
-        "_lru",
+        "_stamp",
+        "_log",
+        "_log_refs",
         "_capacity",
         "_on_host",
         "_host_only",
+        "_seq",
         "max_blocks",
         "evictions",
     )
@@ -73,12 +101,16 @@ class PrefixIndex:
         self._slot: dict[str, int] = {}
         self._names: list[str | None] = []
         self._bits: list[int] = []
-        self._lru: list[dict[BlockHash, float]] = []
+        self._stamp: list[dict[BlockHash, int]] = []
+        self._log: list[deque[_Touch]] = []
+        self._log_refs: list[int] = []
+        """Block references in each replica's touch log, stale ones included."""
         self._capacity: list[int | None] = []
         self._on_host: dict[BlockHash, int] = {}
         """Replicas holding the block in host memory (perhaps on device too)."""
         self._host_only: dict[BlockHash, int] = {}
         """Replicas holding the block in host memory only: a hit there is a copy back."""
+        self._seq = 0
         self.max_blocks = max_blocks
         """Global cap on nodes: a memory safety net above the per-replica capacities."""
         self.evictions = 0
@@ -93,7 +125,9 @@ class PrefixIndex:
         if slot == len(self._names):
             self._names.append(None)
             self._bits.append(1 << slot)
-            self._lru.append({})
+            self._stamp.append({})
+            self._log.append(deque())
+            self._log_refs.append(0)
             self._capacity.append(None)
         self._names[slot] = replica
         self._slot[replica] = slot
@@ -121,7 +155,7 @@ class PrefixIndex:
     @property
     def entries(self) -> int:
         """(replica, block) pairs: blocks counted once per replica holding them."""
-        return sum(len(lru) for lru in self._lru)
+        return sum(len(stamp) for stamp in self._stamp)
 
     def approx_bytes(self) -> int:
         """Memory held, from the per-node and per-entry costs that bench/index_cost.py measures."""
@@ -129,7 +163,7 @@ class PrefixIndex:
 
     def blocks(self, replica: str) -> int:
         """Number of blocks ``replica`` holds."""
-        return len(self._lru[self._slot[replica]])
+        return len(self._stamp[self._slot[replica]])
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Longest cached prefix, in blocks, per replica holding at least the first block.
@@ -180,24 +214,27 @@ class PrefixIndex:
         if capacity is not None and len(hashes) > capacity:
             hashes = hashes[:capacity]
         bit = self._bits[slot]
-        lru = self._lru[slot]
         holders = self._holders
         leaf_first = hashes[::-1]
-        old_masks = list(map(holders.get, leaf_first, repeat(0)))
-        held = list(map(and_, old_masks, repeat(bit)))
-        joining = list(map(not_, held))
-        holders.update(
-            zip(compress(leaf_first, joining), map(or_, compress(old_masks, joining), repeat(bit)), strict=False)
-        )
-        deque(map(lru.pop, compress(leaf_first, held)), maxlen=0)
-        lru.update(zip(leaf_first, repeat(now)))
+        masks = list(map(holders.setdefault, leaf_first, repeat(bit)))
+        joining = list(map(not_, map(and_, masks, repeat(bit))))
+        if any(joining):
+            joined = map(or_, compress(masks, joining), repeat(bit))
+            holders.update(zip(compress(leaf_first, joining), joined, strict=True))
+        stamp = self._stamp[slot]
         if on_host:
-            self._mark_on_host(leaf_first, joining, bit)
+            self._mark_on_host(leaf_first, [block not in stamp for block in leaf_first], bit)
         elif self._host_only:
             self._mark_on_device(leaf_first, bit)
+        self._seq += 1
+        stamp.update(zip(leaf_first, repeat(self._seq)))
+        self._log[slot].append(_Touch(self._seq, now, leaf_first))
+        self._log_refs[slot] += len(leaf_first)
         self._evict_to_capacity(slot)
         if self.max_blocks is not None and len(holders) > self.max_blocks:
             self._evict_to_global_cap()
+        if self._log_refs[slot] > COMPACT_RATIO * len(self._stamp[slot]) + 1024:
+            self._compact(slot)
 
     def remove(self, replica: str, hashes: Sequence[BlockHash], on_host: bool | None = None) -> None:
         """``replica`` no longer holds these blocks (unknown ones are ignored).
@@ -206,10 +243,10 @@ class PrefixIndex:
         host-only); True: no longer on host (a block also on device stays).
         """
         slot = self._slot[replica]
-        lru = self._lru[slot]
+        stamp = self._stamp[slot]
         bit = self._bits[slot]
         for block_hash in hashes:
-            if block_hash not in lru:
+            if block_hash not in stamp:
                 continue
             host_mask = self._on_host.get(block_hash, 0)
             if on_host is not None and host_mask & bit:
@@ -221,49 +258,61 @@ class PrefixIndex:
                     continue
             elif on_host:
                 continue
-            del lru[block_hash]
+            del stamp[block_hash]
             self._drop(block_hash, bit)
 
     def clear(self, replica: str) -> None:
         """``replica`` holds nothing any more (its cache was reset)."""
         slot = self._slot[replica]
         bit = self._bits[slot]
-        for block_hash in self._lru[slot]:
+        for block_hash in self._stamp[slot]:
             self._drop(block_hash, bit)
-        self._lru[slot].clear()
+        self._stamp[slot].clear()
+        self._log[slot].clear()
+        self._log_refs[slot] = 0
 
     def expire(self, replica: str, older_than: float) -> int:
         """Drop ``replica``'s blocks last used before ``older_than``; returns how many."""
         slot = self._slot[replica]
-        lru = self._lru[slot]
-        bit = self._bits[slot]
-        expired = list(takewhile(lambda item: item[1] < older_than, lru.items()))
-        for block_hash, _ in expired:
-            del lru[block_hash]
-            self._drop(block_hash, bit)
-        return len(expired)
+        log = self._log[slot]
+        dropped = 0
+        while log and log[0].now < older_than:
+            dropped += self._evict_touch(slot, log[0], None)
+        return dropped
 
     def last_used(self, replica: str, block_hash: BlockHash) -> float | None:
-        return self._lru[self._slot[replica]].get(block_hash)
+        slot = self._slot[replica]
+        seq = self._stamp[slot].get(block_hash)
+        if seq is None:
+            return None
+        log = self._log[slot]
+        return log[bisect_left(log, seq, key=lambda touch: touch.seq)].now
 
     def lru_order(self, replica: str) -> Iterator[BlockHash]:
         """``replica``'s blocks, least recently used first (the eviction order)."""
-        return iter(self._lru[self._slot[replica]])
+        slot = self._slot[replica]
+        stamp = self._stamp[slot]
+        return (block for touch in list(self._log[slot]) for block in touch.live(stamp))
 
     def check_integrity(self) -> None:
         """Assert the invariants in the module docstring; for tests."""
         expected: dict[BlockHash, int] = {}
         for replica, slot in self._slot.items():
-            lru = self._lru[slot]
+            stamp = self._stamp[slot]
             capacity = self._capacity[slot]
-            assert capacity is None or len(lru) <= capacity, f"{replica} holds {len(lru)} > {capacity}"
-            times = list(lru.values())
+            log = self._log[slot]
+            assert capacity is None or len(stamp) <= capacity, f"{replica} holds {len(stamp)} > {capacity}"
+            order = list(self.lru_order(replica))
+            assert sorted(order) == sorted(stamp), f"{replica}'s touch log and stamps disagree"
+            times = [touch.now for touch in log]
             assert times == sorted(times), f"{replica}'s LRU order is not ordered by time"
-            for block_hash in lru:
+            assert [touch.seq for touch in log] == sorted({touch.seq for touch in log}), "touch order"
+            assert self._log_refs[slot] == sum(len(touch.chain) for touch in log)
+            for block_hash in stamp:
                 expected[block_hash] = expected.get(block_hash, 0) | self._bits[slot]
         for slot, name in enumerate(self._names):
-            assert name is not None or not self._lru[slot], f"free slot {slot} holds blocks"
-        assert expected == self._holders, "replica masks disagree with the replicas' LRU orders"
+            assert name is not None or not self._stamp[slot], f"free slot {slot} holds blocks"
+        assert expected == self._holders, "replica masks disagree with the replicas' blocks"
         for block_hash, mask in self._on_host.items():
             assert mask and mask & ~self._holders.get(block_hash, 0) == 0, "a host bit without a holder bit"
         for block_hash, mask in self._host_only.items():
@@ -295,18 +344,44 @@ class PrefixIndex:
 
     def _evict_to_capacity(self, slot: int) -> None:
         capacity = self._capacity[slot]
-        lru = self._lru[slot]
-        if capacity is not None and len(lru) > capacity:
-            self._evict_oldest(slot, len(lru) - eviction_target(capacity))
+        held = len(self._stamp[slot])
+        if capacity is not None and held > capacity:
+            self._evict_oldest(slot, held - eviction_target(capacity))
 
     def _evict_oldest(self, slot: int, count: int) -> None:
-        lru = self._lru[slot]
+        log = self._log[slot]
+        evicted = 0
+        while evicted < count and log:
+            evicted += self._evict_touch(slot, log[0], count - evicted)
+        self.evictions += evicted
+
+    def _evict_touch(self, slot: int, touch: _Touch, limit: int | None) -> int:
+        """Evict up to ``limit`` (None: all) live blocks of ``touch``, the replica's oldest; how many."""
+        stamp = self._stamp[slot]
         bit = self._bits[slot]
-        victims = list(islice(lru, count))
+        live = touch.live(stamp)
+        victims = live if limit is None else live[:limit]
         for block_hash in victims:
-            del lru[block_hash]
+            del stamp[block_hash]
             self._drop(block_hash, bit)
-        self.evictions += len(victims)
+        self._log_refs[slot] -= len(touch.chain)
+        if len(victims) < len(live):
+            touch.chain = live[len(victims) :]
+            self._log_refs[slot] += len(touch.chain)
+        else:
+            self._log[slot].popleft()
+        return len(victims)
+
+    def _compact(self, slot: int) -> None:
+        """Drop the stale references from a replica's touch log (touches left empty go too)."""
+        stamp = self._stamp[slot]
+        kept: deque[_Touch] = deque()
+        for touch in self._log[slot]:
+            touch.chain = touch.live(stamp)
+            if touch.chain:
+                kept.append(touch)
+        self._log[slot] = kept
+        self._log_refs[slot] = sum(len(touch.chain) for touch in kept)
 
     def _evict_to_global_cap(self) -> None:
         """Evict LRU blocks of the replica holding the most, down to ``eviction_target``.
@@ -314,9 +389,10 @@ class PrefixIndex:
         A block held by several replicas frees its node only when the last one drops it,
         hence the loop.
         """
+        assert self.max_blocks is not None
         target = eviction_target(self.max_blocks)
         while len(self._holders) > target:
-            slot = max(self._slot.values(), key=lambda s: len(self._lru[s]))
+            slot = max(self._slot.values(), key=lambda s: len(self._stamp[s]))
             self._evict_oldest(slot, len(self._holders) - target)
 
 
