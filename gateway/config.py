@@ -52,6 +52,10 @@ class BackendSpec(ConfigSection):
     """Blocks of `block_size` tokens the replica's KV cache holds, when its /stats cannot tell."""
     drain: bool = False
     """Send it no new requests and let in-flight ones finish (set it and reload before maintenance)."""
+    retention_hints: bool | None = None
+    """Forward the client's session key (``x-session-id`` or ``user``) as ``kvgate_session`` in the
+    body, so the bundled engine evicts one-shot prompts before active sessions' latest turns.
+    None: only to replicas that answer the bundled engine's /stats (vLLM would ignore the field)."""
 
 
 class HealthConfig(ConfigSection):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from gateway.admission.forwarded_body import with_retention_hint
 from gateway.admission.kv_blocks import blocks_needed
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
@@ -156,7 +157,9 @@ class Dispatcher:
                 call = ProxyCall(
                     session=self.session,
                     url=f"{backend.spec.url}{forwarding.path}",
-                    body=forwarding.body,
+                    body=with_retention_hint(forwarding.body, request.session_key)
+                    if backend.takes_retention_hints
+                    else forwarding.body,
                     stream=forwarding.stream,
                     include_usage=forwarding.include_usage,
                     headers={**forwarding.headers, **decision_headers(decision)},

@@ -1,5 +1,7 @@
-"""The body the backend gets: the client's, with the granted cap and the tenant's cache salt."""
+"""The body the backend gets: the client's, with the granted cap and the tenant's cache salt
+(and, for bundled engines, the session key as a retention hint)."""
 
+import hashlib
 from typing import Any
 
 from gateway.admission.caps import TokenGrant
@@ -23,3 +25,16 @@ def forwarded_body(body: dict[str, Any], grant: TokenGrant, cache_salt: str | No
     else:
         forwarded["cache_salt"] = cache_salt
     return forwarded
+
+
+MAX_SESSION_HINT_CHARS = 256
+"""The longest ``kvgate_session`` the bundled engine accepts; longer keys are sent as a digest."""
+
+
+def with_retention_hint(body: dict[str, Any], session_key: str | None) -> dict[str, Any]:
+    """``body`` with ``kvgate_session`` set to the client's session key (never mutated; as is without a key)."""
+    if not session_key:
+        return body
+    if len(session_key) > MAX_SESSION_HINT_CHARS:
+        session_key = hashlib.blake2b(session_key.encode(), digest_size=16).hexdigest()
+    return {**body, "kvgate_session": session_key}

@@ -57,6 +57,12 @@ class Backend:
         return self.spec.kv_capacity_blocks or (reported if isinstance(reported, int) else None)
 
     @property
+    def takes_retention_hints(self) -> bool:
+        """Gets ``kvgate_session``: as configured, else when it is a bundled engine (it has /stats)."""
+        configured = self.spec.retention_hints
+        return bool(self.reported) if configured is None else configured
+
+    @property
     def usable(self) -> bool:
         """May take a new request at all (load aside)."""
         return self.healthy and not self.draining and self.breaker.allows_request()
