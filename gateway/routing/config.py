@@ -21,10 +21,12 @@ class RoutingConfig(ConfigSection):
     cores, and the simulated engine's default preset, prefill about 600-670 tokens/s)."""
     decode_wait_s_per_request: float = Field(0.005, ge=0)
     """Queue wait each running request adds to a new request's first token (decode steps it shares)."""
-    ttft_target_s: float = Field(0.5, gt=0)
+    ttft_target_s: float = Field(1.0, gt=0)
     """cache_aware moves a request off the replica caching most of it (its owner) only when the
     owner's estimated TTFT breaks this target and another replica's does not; when every replica
-    breaks it, only when another is faster by more than the target (spilling duplicates the prefix)."""
+    breaks it, only when another is faster by more than the target (spilling duplicates the prefix).
+    1 s beat 0.5 s on every trace window in ``bench simulate`` (bench/RESULTS.md); 2 s and more
+    let owners queue into KV thrashing on multi-turn."""
     min_match_tokens: int = Field(64, ge=0)
     """A match that exceeds what every candidate holds by fewer tokens than this is no useful match:
     the request is placed by load alone."""
