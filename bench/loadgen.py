@@ -87,7 +87,7 @@ async def run_load(
     label: str = "load",
 ) -> LoadResult:
     """Send every request (open loop, or closed loop with ``users`` workers) and time each."""
-    sessions = _sessions(requests)
+    sessions = sessions_of(requests)
     urls = itertools.cycle(target.urls)
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     results: list[RequestResult] = []
@@ -121,7 +121,7 @@ async def run_load(
     return LoadResult(sorted(results, key=lambda result: result.start_s), duration)
 
 
-def _sessions(requests: Sequence[BenchRequest]) -> list[list[BenchRequest]]:
+def sessions_of(requests: Sequence[BenchRequest]) -> list[list[BenchRequest]]:
     """Requests grouped by session, each in order, sessions by their first arrival."""
     by_session: dict[str, list[BenchRequest]] = {}
     for request in sorted(requests, key=lambda request: request.arrival_s):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.contenders import MODEL, Contender
-from bench.loadgen import LoadResult, RequestResult
+from bench.loadgen import LoadResult, RequestResult, sessions_of
 from bench.sim_replica import SimReplica, SimRequest
 from bench.workloads.types import BenchRequest
 from engine.config import EngineConfig
@@ -143,7 +143,7 @@ class VirtualFleet:
     def run(self, requests: Sequence[BenchRequest], users: int | None = None) -> SimOutcome:
         """Play the workload (open loop, or closed loop with ``users``) to the end."""
         results: list[RequestResult] = []
-        sessions = _sessions(requests)
+        sessions = sessions_of(requests)
         if users is None:
             for session in sessions:
                 self._start_session(session, results, use_arrivals=True)
@@ -312,11 +312,3 @@ class VirtualFleet:
         result.e2e_s = now - result.start_s
         result.cached_tokens = seq.num_cached_tokens or 0
         result.output_tokens = seq.num_output_tokens
-
-
-def _sessions(requests: Sequence[BenchRequest]) -> list[list[BenchRequest]]:
-    """As the load generator: requests grouped by session, in order, sessions by first arrival."""
-    by_session: dict[str, list[BenchRequest]] = {}
-    for request in sorted(requests, key=lambda request: request.arrival_s):
-        by_session.setdefault(request.session_id, []).append(request)
-    return list(by_session.values())
