@@ -223,6 +223,8 @@ def start_sglang_router(contender: Contender, replica_urls: Sequence[str], workd
         contender.policy,
         "--log-level",
         "warn",
+        "--prometheus-port",
+        str(free_port()),
     ]
     router = launch(command, port, workdir / "sglang-router.log")
     wait_ready(router, lambda: _sglang_sees_all(router.url, len(replica_urls)))
