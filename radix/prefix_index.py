@@ -217,8 +217,8 @@ class PrefixIndex:
         holders = self._holders
         leaf_first = hashes[::-1]
         masks = list(map(holders.setdefault, leaf_first, repeat(bit)))
-        joining = list(map(not_, map(and_, masks, repeat(bit))))
-        if any(joining):
+        if not all(map(and_, masks, repeat(bit))):
+            joining = list(map(not_, map(and_, masks, repeat(bit))))
             joined = map(or_, compress(masks, joining), repeat(bit))
             holders.update(zip(compress(leaf_first, joining), joined, strict=True))
         stamp = self._stamp[slot]
