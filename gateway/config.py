@@ -81,6 +81,8 @@ class TimeoutsConfig(ConfigSection):
 
 class KvgateConfig(ConfigSection):
     listen: ListenConfig = ListenConfig()
+    workers: int = Field(1, ge=1, le=64)
+    """Gateway processes sharing the listen port (SO_REUSEPORT); their metrics and admin views are summed."""
     model: str = "smollm2-135m"
     """The model name clients send."""
     tokenizer: str | None = None

@@ -1,4 +1,8 @@
-"""`kvgate gateway -c FILE`: serve the gateway in front of the config's backends."""
+"""`kvgate gateway -c FILE`: serve the gateway in front of the config's backends.
+
+With ``--workers N`` (or ``workers: N``) this process is the parent of N worker processes that
+share the port (gateway/workers/); each worker runs ``serve`` with its identity.
+"""
 
 import argparse
 import asyncio
@@ -13,6 +17,9 @@ from gateway.app import create_app
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.http_server import GatewayRunner
 from gateway.reload import reload_on_signal
+from gateway.workers.identity import WorkerIdentity
+from gateway.workers.parent import run_workers
+from gateway.workers.worker import make_worker, start_private_site
 
 SHUTDOWN_GRACE_S = 30.0
 
@@ -24,7 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(parser)
     parser.add_argument("--host", help="listen address; overrides listen.host in the config")
     parser.add_argument("--port", type=int, help="listen port; overrides listen.port in the config")
+    add_workers_flag(parser)
     return parser
+
+
+def add_workers_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=_positive_int, help="gateway processes sharing the port (SO_REUSEPORT); overrides `workers:`"
+    )
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +47,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def load_command_config(args: argparse.Namespace) -> KvgateConfig | None:
@@ -54,16 +75,27 @@ def main(argv: list[str]) -> int:
         config.listen.host = args.host
     if args.port is not None:
         config.listen.port = args.port
-    asyncio.run(serve(config, Path(args.config)))
+    return asyncio.run(serve_gateway(config, Path(args.config), args.workers, args.log_level))
+
+
+async def serve_gateway(config: KvgateConfig, config_path: Path, workers: int | None, log_level: str) -> int:
+    """One gateway process, or the parent of ``workers`` (else the config's `workers:`) of them."""
+    identity = WorkerIdentity.from_env()
+    count = workers or config.workers
+    if identity is None and count > 1:
+        return await run_workers(config_path, config.listen.host, config.listen.port, count, log_level)
+    await serve(config, config_path, identity)
     return 0
 
 
-async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
+async def serve(config: KvgateConfig, config_path: Path | None = None, worker: WorkerIdentity | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain in-flight requests for up to SHUTDOWN_GRACE_S.
 
-    SIGHUP reloads ``config_path`` (see gateway/reload.py).
+    SIGHUP reloads ``config_path`` (see gateway/reload.py). A ``worker`` shares the port with its
+    siblings and sums their state in its operator endpoints.
     """
     app = create_app(config, config_path)
+    siblings = make_worker(app, worker) if worker is not None else None
     # No aiohttp access log: gateway/observability/request_log.py writes the one structured line per request.
     runner = GatewayRunner(
         app,
@@ -73,9 +105,11 @@ async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
         access_log=None,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    private = await start_private_site(app, worker) if worker is not None else None
+    site = web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=worker is not None)
     await site.start()
-    print(f"kvgate gateway listening on http://{config.listen.host}:{config.listen.port}/v1", flush=True)
+    role = f" (worker {worker.index} of {worker.count})" if worker is not None else ""
+    print(f"kvgate gateway listening on http://{config.listen.host}:{config.listen.port}/v1{role}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -83,3 +117,6 @@ async def serve(config: KvgateConfig, config_path: Path | None = None) -> None:
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, app)
     await stop.wait()
     await runner.cleanup()
+    if private is not None and siblings is not None:
+        await private.cleanup()
+        await siblings.close()

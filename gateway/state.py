@@ -79,6 +79,9 @@ class Gateway:
         if config.shared_state != self.config.shared_state:
             log.warning("shared_state changes in %s take effect at the next restart", source)
             config.shared_state = self.config.shared_state
+        if config.workers != self.config.workers:
+            log.warning("a workers change in %s takes effect at the next restart", source)
+            config.workers = self.config.workers
         try:
             tenants = TenantRegistry(config.tenants, self.tenants)
         except ValueError as exc:

@@ -6,9 +6,7 @@ neither Ctrl-C, SIGTERM nor a crash of the supervisor leaves an orphan replica h
 
 import argparse
 import asyncio
-import ctypes
 import logging
-import signal
 import sys
 import time
 from pathlib import Path
@@ -16,12 +14,12 @@ from pathlib import Path
 import aiohttp
 
 from gateway.config import EngineSpec, KvgateConfig, engine_name
-from gateway.server import add_config_flags, load_command_config, serve
+from gateway.server import add_config_flags, add_workers_flag, load_command_config, serve_gateway
+from gateway.workers.parent import die_with_parent
 
 log = logging.getLogger("kvgate.up")
 
 ENGINE_READY_TIMEOUT_S = 600.0
-_PR_SET_PDEATHSIG = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the bundled engines listed under `engines:` and the gateway in front of them.",
     )
     add_config_flags(parser)
+    add_workers_flag(parser)
     return parser
 
 
@@ -38,7 +37,7 @@ def main(argv: list[str]) -> int:
     config = load_command_config(args)
     if config is None:
         return 2
-    return asyncio.run(run_deployment(config, Path(args.config)))
+    return asyncio.run(run_deployment(config, Path(args.config), args.workers, args.log_level))
 
 
 def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
@@ -50,22 +49,19 @@ def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
     return command + engine.args
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-async def run_deployment(config: KvgateConfig, config_path: Path | None = None) -> int:
+async def run_deployment(
+    config: KvgateConfig, config_path: Path, workers: int | None = None, log_level: str = "info"
+) -> int:
     children: list[asyncio.subprocess.Process] = []
     try:
         for index, engine in enumerate(config.engines):
             command = engine_command(config, engine)
             log.info("starting %s: %s", engine_name(index, engine), " ".join(command))
-            children.append(await asyncio.create_subprocess_exec(*command, preexec_fn=_die_with_parent))
+            children.append(await asyncio.create_subprocess_exec(*command, preexec_fn=die_with_parent))
         await asyncio.gather(
             *(_wait_ready(engine, child) for engine, child in zip(config.engines, children, strict=True))
         )
-        await serve(config, config_path)
-        return 0
+        return await serve_gateway(config, config_path, workers, log_level)
     except EngineFailedError as exc:
         print(f"kvgate up: {exc}", file=sys.stderr)
         return 1
