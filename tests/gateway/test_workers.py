@@ -90,10 +90,9 @@ async def test_reload_reaches_every_worker_and_a_dead_worker_comes_back(tmp_path
             await _wait_workers(gateway.url)
             locked = {**config, "tenants": [{"name": "team", "api_keys": ["sk-team"]}]}
             write_config(tmp_path / "gateway.yaml", locked)
-            async with aiohttp.ClientSession() as session:
-                async with session.post(f"{gateway.url}/admin/reload") as reply:
-                    assert reply.status == 200
-                    assert (await reply.json())["workers"] == {"0": "reloaded", "1": "reloaded"}
+            async with aiohttp.ClientSession() as session, session.post(f"{gateway.url}/admin/reload") as reply:
+                assert reply.status == 200
+                assert (await reply.json())["workers"] == {"0": "reloaded", "1": "reloaded"}
             replies = await _send(gateway.url, REQUESTS)
             assert {status for status, _ in replies} == {401}
             assert {worker for _, worker in replies} == {"0", "1"}
