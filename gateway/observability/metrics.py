@@ -6,9 +6,10 @@ Gauges of the gateway's live state (in-flight, health, queue, prefix index) are 
 time by ``gateway.observability.live_metrics.LiveStateCollector``.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
+from gateway.observability.loop_lag import LAG_BUCKETS
 from gateway.observability.telemetry_record import RequestRecord
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -75,6 +76,15 @@ class GatewayMetrics:
         self.normalized = counter("kvgate_normalized_requests", "Requests a normalization rule changed.", ["rule"])
         self.normalized_cached_tokens = counter(
             "kvgate_normalized_cached_tokens", "Backend-reported cached tokens of requests a rule changed.", ["rule"]
+        )
+        self.loop_lag = histogram(
+            "kvgate_event_loop_lag_seconds",
+            "How late a 100 ms timer on the event loop fired: time the loop was busy elsewhere.",
+            [],
+            LAG_BUCKETS,
+        )
+        self.loop_lag_max = Gauge(
+            "kvgate_event_loop_lag_max_seconds", "Worst event-loop lag since the gateway started.", registry=registry
         )
 
     def register(self, collector: Collector) -> None:
