@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway import event_loop
 from gateway.app import create_app
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.http_server import GatewayRunner
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
         config.listen.host = args.host
     if args.port is not None:
         config.listen.port = args.port
-    return asyncio.run(serve_gateway(config, Path(args.config), args.workers, args.log_level))
+    return event_loop.run(serve_gateway(config, Path(args.config), args.workers, args.log_level))
 
 
 async def serve_gateway(config: KvgateConfig, config_path: Path, workers: int | None, log_level: str) -> int:

@@ -13,6 +13,8 @@ from gateway.admission.limiter import TenantLimiter, TokenCharge
 from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.token_bucket import TokenBucket
 
+NO_CAPS = TokenCaps()
+"""The anonymous tenant's caps: one object, so per-request lookups keyed by it hit a cache."""
 ANONYMOUS = "anonymous"
 """The one tenant of an open gateway (no `tenants:` configured)."""
 
@@ -37,7 +39,7 @@ class Tenant:
 
     @property
     def caps(self) -> TokenCaps:
-        return self.config.limits if self.config else TokenCaps()
+        return self.config.limits if self.config else NO_CAPS
 
     def cache_salt(self, requested: str | None) -> str | None:
         """The salt for block hashing and the backend: the tenant's own when isolated, else the client's.

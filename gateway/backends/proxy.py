@@ -5,7 +5,8 @@ on another replica; once the client has bytes, a failure ends its stream with an
 and so does a backend stream that ends without ``[DONE]`` (the client would otherwise take a cut
 answer for a whole one).
 Streaming requests always ask the backend for usage (the gateway needs it for metrics and
-calibration) and drop that final chunk again when the client did not ask for it.
+calibration) and drop that final chunk again when the client did not ask for it. Timeouts are
+``asyncio.timeout`` scopes (a timer each), not ``wait_for`` (a task per call and per streamed line).
 
 The call's ``outcome`` is filled in as the answer flows, so the caller can still read what was
 relayed (token-bearing chunks, usage) when the client leaves and the handler is cancelled. A
@@ -25,6 +26,8 @@ from aiohttp import web
 
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
+
+_JSON = {"Content-Type": "application/json"}
 
 
 class UpstreamFailed(Exception):
@@ -77,12 +80,8 @@ async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.Str
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     timeout = aiohttp.ClientTimeout(sock_connect=call.timeouts.connect_s, sock_read=None)
     try:
-        upstream = await asyncio.wait_for(
-            call.session.post(
-                call.url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}, timeout=timeout
-            ),
-            call.timeouts.first_token_s,
-        )
+        async with asyncio.timeout(call.timeouts.first_token_s):
+            upstream = await call.session.post(call.url, data=orjson.dumps(body), headers=_JSON, timeout=timeout)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
@@ -95,7 +94,8 @@ async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.Str
 
 async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tuple[web.StreamResponse, UpstreamOutcome]:
     try:
-        data = await asyncio.wait_for(upstream.read(), call.timeouts.first_token_s)
+        async with asyncio.timeout(call.timeouts.first_token_s):
+            data = await upstream.read()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
     if upstream.status >= 500:
@@ -209,7 +209,8 @@ async def _sse_events(content: aiohttp.StreamReader, timeouts: TimeoutsConfig) -
     pending = bytearray()
     wait_s = timeouts.first_token_s
     while True:
-        line = await asyncio.wait_for(content.readline(), wait_s)
+        async with asyncio.timeout(wait_s):
+            line = await content.readline()
         if not line:
             if pending.strip():
                 yield bytes(pending) + b"\n"

@@ -1,5 +1,13 @@
-"""Where the request handler reports each finished request: metrics, dashboard stats, breakers, log."""
+"""Where the request handler reports each finished request: metrics, dashboard stats, breakers, log.
 
+The handler reports before aiohttp writes the answer, so only the record (timings, counts) is
+made then; the metrics, stats, prefix breakers and log line are updated by a callback that runs
+right after, once the answer is on its way. That takes their cost off every request's latency.
+The callback runs on the next turn of the loop, before the loop reads any request sent after
+the answer arrived, so a scrape that follows a request sees it.
+"""
+
+import asyncio
 import time
 
 from gateway.backends.proxy import UpstreamOutcome
@@ -46,9 +54,7 @@ class Telemetry:
         record.status = _status(dispatched)
         record.queued_s = dispatched.queued_s
         record.normalized_rules = list(normalized.changed)
-        self._observe(record, normalized.body)
-        decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
-        self.breakers.observe(model.name, route_request.token_ids, decode)
+        asyncio.get_running_loop().call_soon(self._observe_completion, record, normalized.body, model, route_request)
 
     def observe_client_gone(
         self,
@@ -89,7 +95,14 @@ class Telemetry:
             error_code=error.code or error.type,
             e2e_s=time.perf_counter() - started,
         )
-        self._observe(record, None)
+        asyncio.get_running_loop().call_soon(self._observe, record, None)
+
+    def _observe_completion(
+        self, record: RequestRecord, body: dict, model: ServedModel, route_request: RouteRequest
+    ) -> None:
+        self._observe(record, body)
+        decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
+        self.breakers.observe(model.name, route_request.token_ids, decode)
 
     def _observe(self, record: RequestRecord, body: dict | None) -> None:
         self.metrics.observe(record)
