@@ -1,13 +1,19 @@
 """A zero-latency OpenAI-compatible backend: answers every completion at once, for overhead runs.
 
-``python -m bench.zero_backend --port N``. It reads and parses the body (as any backend must),
-then replies with one short completion, streamed or whole, with usage.
+``python -m bench.zero_backend --port N [--processes P]``. It reads and parses the body (as any
+backend must), then replies with one short completion, streamed or whole, with usage. With
+several processes (forked, sharing the port with SO_REUSEPORT, one process group) it keeps up
+with a gateway that has several workers.
 """
 
 import argparse
+import asyncio
+import os
 
 import orjson
 from aiohttp import web
+
+from gateway import event_loop
 
 ANSWER = "ok"
 
@@ -66,8 +72,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--processes", type=int, default=1)
     args = parser.parse_args()
-    web.run_app(build_app(), host=args.host, port=args.port, print=None, access_log=None)
+    for _ in range(args.processes - 1):
+        if os.fork() == 0:
+            break
+    event_loop.run(serve(args.host, args.port, reuse_port=args.processes > 1))
+
+
+async def serve(host: str, port: int, reuse_port: bool) -> None:
+    runner = web.AppRunner(build_app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
 
 
 if __name__ == "__main__":
