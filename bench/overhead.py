@@ -144,7 +144,7 @@ def frontends(backend_url: str, workdir: Path, peers: bool) -> Iterator[dict[str
         stack.callback(gateway.stop)
         urls["kvgate cache_aware"] = gateway.url
         if peers:
-            router = _start_sglang(backend_url, workdir)
+            router = start_sglang(backend_url, workdir)
             stack.callback(router.stop)
             urls[f"sglang-router {SGLANG_POLICIES[0]}"] = router.url
         yield urls
@@ -166,7 +166,7 @@ def _start_kvgate(backend_url: str, workdir: Path) -> Process:
     return gateway
 
 
-def _start_sglang(backend_url: str, workdir: Path) -> Process:
+def start_sglang(backend_url: str, workdir: Path) -> Process:
     port = free_port()
     command = [
         str(sglang_router_binary()),

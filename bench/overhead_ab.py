@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from bench.contenders import MODEL
-from bench.overhead import chat_bodies, sequential_latencies
+from bench.overhead import start_sglang, chat_bodies, sequential_latencies
 from bench.processes import REPO, Process, free_port, http_ok, launch, module_command, wait_ready
 from normalize.chat_tokenizer import ChatTokenizer
 
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("gateways", nargs="+", help="NAME=TREE[:VAR=VALUE...]")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=200)
+    parser.add_argument("--peers", action="store_true", help="also measure sglang-router (its CPU not counted)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "overhead_ab")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.gateways:
             gateways.append(start_gateway(spec, backend.url, args.out))
             contenders.append(Contender(spec.split("=", 1)[0], gateways[-1].url, gateways[-1].proc.pid))
+        if args.peers:
+            gateways.append(start_sglang(backend.url, args.out))
+            contenders.append(Contender("sglang-router", gateways[-1].url, gateways[-1].proc.pid))
         load_before = os.getloadavg()[0]
         asyncio.run(measure(contenders, bodies, args.rounds, args.per_round))
     finally:
