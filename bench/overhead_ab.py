@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from bench.contenders import MODEL
-from bench.overhead import start_sglang, chat_bodies, sequential_latencies
+from bench.overhead import chat_bodies, sequential_latencies, start_sglang
 from bench.processes import REPO, Process, free_port, http_ok, launch, module_command, wait_ready
 from normalize.chat_tokenizer import ChatTokenizer
 
