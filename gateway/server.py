@@ -6,6 +6,7 @@ share the port (gateway/workers/); each worker runs ``serve`` with its identity.
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -91,6 +92,14 @@ async def serve_gateway(config: KvgateConfig, config_path: Path, workers: int | 
     return 0
 
 
+def freeze_startup_objects() -> None:
+    """Move everything built at start (modules, tokenizer, config: ~66k objects) out of the
+    garbage collector's reach. Each full collection scanned them all: 33 ms of CPU with the
+    event loop stopped (over 0.3 s on a loaded host, seen as event-loop lag in bench/soak.py)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(config: KvgateConfig, config_path: Path | None = None, worker: WorkerIdentity | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain in-flight requests for up to SHUTDOWN_GRACE_S.
 
@@ -108,6 +117,7 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
         access_log=None,
     )
     await runner.setup()
+    freeze_startup_objects()
     metrics = app[GATEWAY].telemetry.metrics
     lag_monitor = LoopLagMonitor(metrics.loop_lag, metrics.loop_lag_max)
     lag_monitor.start()
