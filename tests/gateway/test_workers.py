@@ -66,7 +66,8 @@ def _start_workers(tmp_path: Path, config: dict[str, Any], *flags: str) -> Manag
     return start(kvgate_cmd("gateway", "-c", str(config_path), *flags), port, tmp_path / "gateway.log")
 
 
-async def test_two_workers_serve_and_report_as_one_gateway(tmp_path: Path) -> None:
+async def test_two_workers_act_as_one_gateway(tmp_path: Path) -> None:
+    """Served, counted and reloaded as one gateway; a killed worker is replaced."""
     with running(start_engines(tmp_path, 1, *INSTANT_SIM)) as engines:
         config = gateway_config(free_port(), engines, observability={"request_log": False})
         with running([_start_workers(tmp_path, config, "--workers", "2")]) as (gateway,):
@@ -80,14 +81,7 @@ async def test_two_workers_serve_and_report_as_one_gateway(tmp_path: Path) -> No
             stats = await _get(gateway.url, "/dashboard/stats.json")
             assert (stats["workers"], stats["totals"]["requests"]) == (2, REQUESTS)
             assert sum(stats["series"]["requests_per_s"]) * stats["bucket_s"] == REQUESTS
-            assert len(_children(gateway.proc.pid)) == 2
 
-
-async def test_reload_reaches_every_worker_and_a_dead_worker_comes_back(tmp_path: Path) -> None:
-    with running(start_engines(tmp_path, 1, *INSTANT_SIM)) as engines:
-        config = gateway_config(free_port(), engines, workers=2, observability={"request_log": False})
-        with running([_start_workers(tmp_path, config)]) as (gateway,):
-            await _wait_workers(gateway.url)
             locked = {**config, "tenants": [{"name": "team", "api_keys": ["sk-team"]}]}
             write_config(tmp_path / "gateway.yaml", locked)
             async with aiohttp.ClientSession() as session, session.post(f"{gateway.url}/admin/reload") as reply:
@@ -112,6 +106,18 @@ async def test_reload_reaches_every_worker_and_a_dead_worker_comes_back(tmp_path
             replies = await _send(gateway.url, REQUESTS)
             assert {status for status, _ in replies} == {200}
             assert {worker for _, worker in replies} == {"0", "1"}
+
+
+def test_workers_config_key_starts_that_many_workers(tmp_path: Path) -> None:
+    """`workers:` in the config, without the flag, makes a parent of that many workers."""
+    config = {
+        "listen": {"port": free_port()},
+        "workers": 2,
+        "backends": [{"name": "none", "url": "http://127.0.0.1:9"}],
+    }
+    with running([_start_workers(tmp_path, config)]) as (gateway,):
+        asyncio.run(_wait_workers(gateway.url))
+        assert len(_children(gateway.proc.pid)) == 2
 
 
 async def _wait_until_open(url: str, timeout_s: float = 30.0) -> None:
