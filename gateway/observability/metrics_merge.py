@@ -6,8 +6,9 @@ How a sample combines depends on what it counts:
 - gauges of load a worker holds (in flight, queued, reserved KV) add up;
 - state every worker keeps its own copy of (the prefix index built from the same KV events,
   KV-event counters, event-loop lag) takes the largest: adding copies would count them N times;
-- per-worker opinions (a replica's health, its circuit state, prediction quality) take the
-  mean: 0.5 for ``kvgate_backend_healthy`` means half the workers see the replica healthy;
+- per-worker opinions (a replica's health, its circuit state, prediction quality, whether Redis
+  answers) take the mean: 0.5 for ``kvgate_backend_healthy`` means half the workers see the
+  replica healthy;
 - ``*_created`` timestamps take the earliest.
 A metric not named below is summed, which is right for the request and load metrics.
 """
@@ -41,6 +42,7 @@ MEAN: frozenset[str] = frozenset(
         "kvgate_backend_circuit_state",
         "kvgate_prediction_exact_ratio",
         "kvgate_prediction_mean_abs_error_tokens",
+        "kvgate_shared_state_up",
     }
 )
 
