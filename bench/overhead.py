@@ -181,6 +181,8 @@ def start_sglang(backend_url: str, workdir: Path) -> Process:
         SGLANG_POLICIES[0],
         "--log-level",
         "warn",
+        "--prometheus-port",
+        str(free_port()),
     ]
     router = launch(command, port, workdir / "sglang-router.log")
     wait_ready(router, lambda: http_ok(f"{router.url}/health"))

@@ -65,7 +65,9 @@ def start_gateway(spec: str, backend_url: str, workdir: Path) -> Process:
         env[variable] = value
     with open(workdir / f"{name}.log", "wb") as log:
         command = [sys.executable, "-m", "gateway.cli", "gateway", "-c", str(config_path)]
-        proc = subprocess.Popen(command, cwd=tree_path, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            command, cwd=tree_path, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     gateway = Process(proc, port, workdir / f"{name}.log")
     wait_ready(gateway, lambda: http_ok(f"{gateway.url}/health"), 120)
     return gateway
