@@ -13,6 +13,7 @@ from gateway.admission.auth import admin_only
 from gateway.admission.status import admission_status
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError
+from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.routes import add_routes as add_observability_routes
 from gateway.reload import CONFIG_PATH, reload_endpoint
 from gateway.state import GATEWAY, Gateway
@@ -67,7 +68,11 @@ def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.App
         gateway = Gateway.build(config)
         app[GATEWAY] = gateway
         await gateway.start()
+        metrics = gateway.telemetry.metrics
+        lag_monitor = LoopLagMonitor(metrics.loop_lag, metrics.loop_lag_max)
+        lag_monitor.start()
         yield
+        await lag_monitor.stop()
         await gateway.stop()
 
     app.cleanup_ctx.append(lifecycle)

@@ -18,9 +18,7 @@ from gateway import event_loop
 from gateway.app import create_app
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.http_server import GatewayRunner
-from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.reload import reload_on_signal
-from gateway.state import GATEWAY
 from gateway.workers.identity import WorkerIdentity
 from gateway.workers.parent import run_workers
 from gateway.workers.worker import make_worker, start_private_site
@@ -118,9 +116,6 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
     )
     await runner.setup()
     freeze_startup_objects()
-    metrics = app[GATEWAY].telemetry.metrics
-    lag_monitor = LoopLagMonitor(metrics.loop_lag, metrics.loop_lag_max)
-    lag_monitor.start()
     private = await start_private_site(app, worker) if worker is not None else None
     site = web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=worker is not None)
     await site.start()
@@ -132,7 +127,6 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, app)
     await stop.wait()
-    await lag_monitor.stop()
     await runner.cleanup()
     if private is not None and siblings is not None:
         await private.cleanup()
