@@ -150,11 +150,12 @@ class BackendPool:
         return [backend for backend in self.backends.values() if backend.model == model]
 
     def usable(self, model: str) -> list[Backend]:
-        return [backend for backend in self.serving(model) if backend.usable]
+        """The replicas of ``model`` that may take a request (healthy, not draining, breaker closed).
 
-    def available(self, model: str) -> list[Backend]:
-        """Usable replicas of ``model`` below their concurrency cap."""
-        return [backend for backend in self.usable(model) if backend.has_room]
+        This is the routing pipeline's filter stage, in the one place that knows these facts;
+        the dispatcher then keeps those with a free slot and hands them to the router.
+        """
+        return [backend for backend in self.serving(model) if backend.usable]
 
     def context_length(self, model: str) -> int | None:
         """The smallest context length the model's replicas report."""

@@ -25,28 +25,9 @@ from gateway.routing.scorers import (
     Scorer,
     SessionAffinity,
 )
-from gateway.routing.types import ReplicaState, RouteRequest
-
-ReplicaFilter = Callable[[RouteRequest, ReplicaState], bool]
-
-FILTERS: tuple[ReplicaFilter, ...] = (
-    lambda request, replica: replica.model == request.model,
-    lambda request, replica: replica.healthy,
-    lambda request, replica: replica.max_concurrency is None or replica.in_flight < replica.max_concurrency,
-)
-"""Each applies only if it leaves someone: the handler has already filtered on the same facts."""
 
 TIE_BREAKER = 0.001
 """Weight of a secondary scorer that only decides between otherwise equal replicas."""
-
-
-def eligible(request: RouteRequest, replicas: list[ReplicaState]) -> list[ReplicaState]:
-    """The replicas that pass every filter, sorted by name."""
-    kept = sorted(replicas, key=lambda replica: replica.name)
-    for keep in FILTERS:
-        narrowed = [replica for replica in kept if keep(request, replica)]
-        kept = narrowed or kept
-    return kept
 
 
 def cache_aware_reason(ctx: RouteContext, chosen: str) -> str:

@@ -15,7 +15,7 @@ from gateway.routing.calibration import Calibration
 from gateway.routing.config import RoutingConfig
 from gateway.routing.context import RouteContext, cached_tokens
 from gateway.routing.hash_ring import HashRing
-from gateway.routing.policies import Policy, build_policy, eligible
+from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 
@@ -59,7 +59,9 @@ class Router:
         await self.tracker.stop()
 
     def route(self, request: RouteRequest, replicas: list[ReplicaState]) -> RouteDecision:
-        candidates = eligible(request, replicas)
+        """Rank ``replicas``, which the caller has already filtered to those that may take the request
+        (the backend pool's health, breaker and draining state, and a free slot)."""
+        candidates = sorted(replicas, key=lambda replica: replica.name)
         matched = self.tracker.match(request.block_hashes)
         prompt = request.prompt_tokens
         cached = {

@@ -120,13 +120,6 @@ def test_scorer_weights_compose_policies() -> None:
     assert sticky.backend == r.route(request(5, session_key="user-42"), IDLE).backend
 
 
-def test_filters_keep_other_models_and_unhealthy_replicas_out() -> None:
-    r = router()
-    warm(r, "a", prefix=1)
-    replicas = [state("a", model="other"), state("b", in_flight=3, prefill_tokens=3000), state("c", healthy=False)]
-    assert r.route(request(1), replicas).backend == "b"
-
-
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_ranks_every_eligible_replica(policy: str) -> None:
     decision = router(policy).route(request(1, session_key="s"), IDLE)
