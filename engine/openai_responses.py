@@ -39,6 +39,8 @@ class ResponseShape:
         return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage(final))
 
     def chunk(self, text: str, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
+        """One stream chunk; a chat's ``first`` chunk also names the role, and carries the first
+        token with it as vLLM's does, so a client's time to first chunk is its time to first token."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}

@@ -148,12 +148,12 @@ class EngineServer:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        if shape.chat:
-            await _send_event(response, shape.chunk("", None, first=True))
+        first = True
         try:
             async for output in outputs:
                 if output.text or output.finished:
-                    await _send_event(response, shape.chunk(output.text, output.finish_reason))
+                    await _send_event(response, shape.chunk(output.text, output.finish_reason, first))
+                    first = False
                 if output.finished and include_usage:
                     await _send_event(response, shape.usage_chunk(output))
         except EngineError as exc:

@@ -1,0 +1,77 @@
+"""What a replica says about itself: its load (pushed many times a second) and its stats (GET /stats).
+
+The bundled engine writes these structs and the gateway reads them typed, so the two sides agree
+on every field by construction. ``ReplicaLoad`` is the lean part that routing needs (the engine
+publishes it as msgpack on its load socket); ``ReplicaStats`` adds the cache's size and shape
+(JSON at GET /stats), flat: a ``ReplicaStats`` is a ``ReplicaLoad``. vLLM backends give the gateway a ``ReplicaLoad`` built from their /metrics.
+"""
+
+import msgspec
+
+
+class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """The work a replica has now, counted over every gateway that sends it requests."""
+
+    ts: float
+    """Wall-clock time (``time.time()``) the replica took the reading."""
+    running: int
+    """Requests in the running batch (prefilling or decoding)."""
+    waiting: int
+    """Requests queued for admission, preempted ones included."""
+    queued_prefill_tokens: int | None = None
+    """Prompt tokens admitted but not yet computed, over running and waiting requests; None when
+    the replica cannot tell (vLLM's metrics have no such gauge)."""
+    kv_cache_usage: float | None = None
+    """Fraction of KV blocks held by requests (0 to 1)."""
+    prefill_tokens_per_s: float | None = None
+    """Measured prefill rate (a moving average); None before the first prefill."""
+
+
+class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
+    """The bundled engine's GET /stats: its load plus its KV cache's size and configuration."""
+
+    block_size: int
+    num_blocks: int
+    free_blocks: int
+    """Blocks an allocation may take (empty plus cached-free)."""
+    cached_free_blocks: int
+    cached_blocks: int
+    """Blocks a prompt can hit, in use or not."""
+    num_preemptions: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def load(self) -> ReplicaLoad:
+        """The lean part, as the load socket publishes it."""
+        return ReplicaLoad(
+            ts=self.ts,
+            running=self.running,
+            waiting=self.waiting,
+            queued_prefill_tokens=self.queued_prefill_tokens,
+            kv_cache_usage=self.kv_cache_usage,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+        )
+
+
+_load_encoder = msgspec.msgpack.Encoder()
+_load_decoder = msgspec.msgpack.Decoder(ReplicaLoad)
+_stats_decoder = msgspec.json.Decoder(ReplicaStats)
+
+
+def encode_load(load: ReplicaLoad) -> bytes:
+    """One load message (msgpack), as the engine's load socket sends it."""
+    return _load_encoder.encode(load)
+
+
+def decode_load(payload: bytes) -> ReplicaLoad:
+    """Raises ``msgspec.DecodeError`` (a ``ValueError``) for anything but a load message."""
+    return _load_decoder.decode(payload)
+
+
+def encode_stats(stats: ReplicaStats) -> bytes:
+    return msgspec.json.encode(stats)
+
+
+def decode_stats(body: bytes) -> ReplicaStats:
+    """Raises ``msgspec.DecodeError`` (a ``ValueError``) for anything but the engine's /stats."""
+    return _stats_decoder.decode(body)
