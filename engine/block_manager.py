@@ -219,6 +219,38 @@ class BlockManager:
         transfers, self.transfers = self.transfers, []
         return transfers
 
+    def snapshot(self) -> list[BlockStored]:
+        """One BlockStored per cached block, least recently used first (the host tier's, then the
+        device's cached-free blocks in eviction order, then blocks in use, deepest first), so a
+        consumer's LRU order matches ours."""
+        in_use = [block for block in self.blocks if block.block_hash is not None and block.ref_count > 0]
+        depth: dict[BlockHash, int] = {}
+
+        def depth_of(block: Block) -> int:
+            chain = []
+            while block.block_hash is not None and block.block_hash not in depth:
+                chain.append(block.block_hash)
+                parent_id = self._cached.get(block.parent_hash) if block.parent_hash is not None else None
+                if parent_id is None:
+                    break
+                block = self.blocks[parent_id]
+            base = depth.get(block.block_hash, 0) if block.block_hash is not None else 0
+            for offset, block_hash in enumerate(reversed(chain)):
+                depth[block_hash] = base + offset + 1
+            return depth[chain[0]] if chain else base
+
+        in_use.sort(key=depth_of, reverse=True)
+        device = [self.blocks[block_id] for block_id in (*self._evictable, *self._retained)] + in_use
+        host = [
+            _stored(self.block_size, block_hash, entry.parent_hash, entry.token_ids, MEDIUM_CPU)
+            for block_hash, entry in self.host.entries()
+        ]
+        return host + [
+            _stored(self.block_size, block.block_hash, block.parent_hash, block.token_ids, MEDIUM_GPU)
+            for block in device
+            if block.block_hash is not None
+        ]
+
     def drain_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events
@@ -372,3 +404,15 @@ class BlockManager:
                     block_size=self.block_size,
                 )
             )
+
+
+def _stored(
+    block_size: int, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: tuple[int, ...], medium: str
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=[hash_to_bytes(block_hash)],
+        parent_block_hash=hash_to_bytes(parent_hash) if parent_hash is not None else None,
+        token_ids=list(token_ids),
+        block_size=block_size,
+        medium=medium,
+    )

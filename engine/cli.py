@@ -12,8 +12,9 @@ from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MODEL, MAX_DEFAULT_MODEL_LEN, EngineConfig
 from engine.host_kv_pool import GIB, host_kv_blocks
 from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
-from engine.kv_events import DEFAULT_TOPIC, KVEventPublisher
+from engine.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
 from engine.llm_engine import LLMEngine
+from engine.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
 from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner
 from engine.scheduler import Scheduler
@@ -130,6 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--kv-events-topic", default=DEFAULT_TOPIC, help="topic frame of published KV events (default: %(default)s)"
     )
+    cache.add_argument(
+        "--kv-events-replay", metavar="tcp://HOST:PORT",
+        help="answer KV-event replay requests (vLLM's ROUTER shape; a snapshot of the cache when the "
+        "buffer does not reach back) on a socket bound here; needs --kv-events",
+    )  # fmt: skip
+    cache.add_argument(
+        "--kv-events-buffer-steps", type=positive_int, default=DEFAULT_BUFFER_STEPS,
+        help="event batches kept for replay (default: %(default)s)",
+    )  # fmt: skip
+    server.add_argument(
+        "--load-events", metavar="tcp://HOST:PORT",
+        help="publish the replica's load (running, waiting, queued prefill tokens) on a ZMQ PUB socket bound here",
+    )  # fmt: skip
+    server.add_argument(
+        "--load-events-interval-s", type=positive_float, default=DEFAULT_INTERVAL_S,
+        help="seconds between load messages (default: %(default)s)",
+    )  # fmt: skip
 
     batching = parser.add_argument_group("batching")
     batching.add_argument(
@@ -193,6 +211,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         session_retain_fraction=args.session_retain_fraction,
         kv_events=args.kv_events,
         kv_events_topic=args.kv_events_topic,
+        kv_events_replay=args.kv_events_replay,
+        kv_events_buffer_steps=args.kv_events_buffer_steps,
+        load_events=args.load_events,
+        load_events_interval_s=args.load_events_interval_s,
         sim_costs=sim_costs,
         sim_host_bandwidth_gbs=args.sim_host_bandwidth_gbs,
         check_invariants=args.check_invariants,
@@ -246,13 +268,23 @@ def build_server(config: EngineConfig) -> EngineServer:
     block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens)
     metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks, host_blocks)
-    publisher = KVEventPublisher(config.kv_events, config.kv_events_topic) if config.kv_events else None
+    publisher = None
+    if config.kv_events:
+        publisher = KVEventPublisher(
+            config.kv_events, config.kv_events_topic, config.kv_events_replay, config.kv_events_buffer_steps
+        )
     engine = LLMEngine(runner, scheduler, tokenizer.tokenizer, metrics, publisher, config.check_invariants)
-    return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len)
+    load_publisher = None
+    if config.load_events:
+        load_publisher = LoadPublisher(config.load_events, engine.load, config.load_events_interval_s)
+    return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len, load_publisher)
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.kv_events_replay and not args.kv_events:
+        parser.error("--kv-events-replay needs --kv-events")
     config = config_from_args(args)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -39,6 +39,12 @@ class EngineConfig:
     """At most this fraction of the device pool is retained for active sessions' latest turns."""
     kv_events: str | None = None
     kv_events_topic: str = "kv-events"
+    kv_events_replay: str | None = None
+    """ROUTER endpoint answering KV-event replay requests (with --kv-events)."""
+    kv_events_buffer_steps: int = 10_000
+    load_events: str | None = None
+    """PUB endpoint of the replica's load reports."""
+    load_events_interval_s: float = 0.05
     sim_costs: SimCosts | None = None
     """Set in simulated mode: the cost model that replaces the forward pass."""
     sim_host_bandwidth_gbs: float | None = None

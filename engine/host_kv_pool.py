@@ -87,6 +87,10 @@ class HostKVPool:
     def hashes(self) -> list[BlockHash]:
         return list(self._entries)
 
+    def entries(self) -> list[tuple[BlockHash, HostEntry]]:
+        """Every block held, least recently stored first."""
+        return list(self._entries.items())
+
     def clear(self) -> None:
         """Forget every entry (claimed slots are only ever held inside one allocation)."""
         assert not self._claimed, "clear() while a hit is being copied back"

@@ -13,17 +13,20 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
 from engine.block_manager import BlockManager
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_events import KVEventPublisher
+from engine.kv_events import KVEventPublisher, Snapshot
 from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner, SamplingParams
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.sequence import Sequence
+from protocol.replica_stats import ReplicaLoad, ReplicaStats
+from radix.kv_event_format import AllBlocksCleared, KVEvent
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._prefill_tokens = 0.0
         self._prefill_seconds = 0.0
+        self._queued_prefill_tokens = 0
+        if publisher is not None:
+            publisher.serve_snapshots(self.request_snapshot)
         metrics.track_state(
             lambda: self.block_manager.usage, lambda: len(self.scheduler.running), lambda: len(self.scheduler.waiting)
         )
@@ -95,6 +101,8 @@ class LLMEngine:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
+        if self.publisher is not None:
+            self.publisher.start()
 
     def stop(self) -> None:
         """Stop the engine thread after its current step and close the event publisher."""
@@ -139,30 +147,66 @@ class LLMEngine:
     def reset_prefix_cache(self) -> None:
         self._commands.put(self.block_manager.reset_prefix_cache)
 
-    def stats(self) -> dict[str, float | int]:
-        """A cheap snapshot for the gateway; read from another thread, so only approximately consistent."""
+    def request_snapshot(self) -> "Future[Snapshot]":
+        """Every block cached now, as events, with the sequence number of the last batch they follow.
+
+        Taken on the engine thread between steps, after publishing the events still pending, so
+        the snapshot and the published stream agree; resolves from that thread (any thread may wait).
+        """
+        result: Future[Snapshot] = Future()
+
+        def take() -> None:
+            self._publish_events()
+            assert self.publisher is not None
+            events: list[KVEvent] = [AllBlocksCleared(), *self.block_manager.snapshot()]
+            result.set_result((self.publisher.last_sequence, events))
+
+        self._commands.put(take)
+        return result
+
+    def load(self) -> ReplicaLoad:
+        """The load now, for the load socket; read from another thread, so only approximately consistent."""
+        return ReplicaLoad(
+            ts=time.time(),
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            queued_prefill_tokens=self._queued_prefill_tokens,
+            kv_cache_usage=self.block_manager.usage,
+            prefill_tokens_per_s=self._prefill_rate(),
+        )
+
+    def stats(self) -> ReplicaStats:
+        """The load plus the cache's size and shape (GET /stats); approximately consistent, like ``load``."""
         block_manager = self.block_manager
-        return {
-            "block_size": block_manager.block_size,
-            "num_blocks": block_manager.num_blocks,
-            "free_blocks": block_manager.num_free_blocks,
-            "cached_free_blocks": block_manager.num_cached_free_blocks,
-            "cached_blocks": block_manager.num_cached_blocks,
-            "kv_cache_usage": block_manager.usage,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "num_preemptions": self.scheduler.num_preemptions,
-            "host_blocks": block_manager.host.num_slots,
-            "host_cached_blocks": len(block_manager.host),
-            "host_kv_cache_usage": block_manager.host.usage,
-            "host_hit_blocks": block_manager.num_host_hit_blocks,
-            "retained_free_blocks": block_manager.num_retained_free_blocks,
-            "prefill_tokens_per_s": self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else 0.0,
-        }
+        return ReplicaStats(
+            ts=time.time(),
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            queued_prefill_tokens=self._queued_prefill_tokens,
+            kv_cache_usage=block_manager.usage,
+            prefill_tokens_per_s=self._prefill_rate(),
+            block_size=block_manager.block_size,
+            num_blocks=block_manager.num_blocks,
+            free_blocks=block_manager.num_free_blocks,
+            cached_free_blocks=block_manager.num_cached_free_blocks,
+            cached_blocks=block_manager.num_cached_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            max_num_seqs=self.scheduler.max_num_seqs,
+            max_num_batched_tokens=self.scheduler.max_num_batched_tokens,
+            host_blocks=block_manager.host.num_slots,
+            host_cached_blocks=len(block_manager.host),
+            host_kv_cache_usage=block_manager.host.usage,
+            host_hit_blocks=block_manager.num_host_hit_blocks,
+            retained_free_blocks=block_manager.num_retained_free_blocks,
+        )
+
+    def _prefill_rate(self) -> float | None:
+        return self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else None
 
     def _run(self) -> None:
         stalled = False
         while self._apply_commands(wait=stalled or not self.scheduler.has_work):
+            self._queued_prefill_tokens = self._count_queued_prefill_tokens()
             stalled = False
             if self.scheduler.has_work:
                 try:
@@ -171,6 +215,17 @@ class LLMEngine:
                     log.exception("engine step failed; failing every request in flight")
                     self._fail_all(f"engine step failed: {exc}")
             self._publish_events()
+            self._queued_prefill_tokens = self._count_queued_prefill_tokens()
+
+    def _count_queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
+        prompts (their cache hits are known only once they are admitted)."""
+        running = sum(
+            seq.num_prompt_tokens - seq.num_computed_tokens
+            for seq in self.scheduler.running
+            if seq.num_computed_tokens < seq.num_prompt_tokens
+        )
+        return running + sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
 
     def _apply_commands(self, wait: bool) -> bool:
         """Run queued commands, first waiting for one if ``wait``; False once asked to stop."""

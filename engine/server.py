@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.llm_engine import EngineError, LLMEngine, RequestOutput
+from engine.load_publisher import LoadPublisher
 from engine.openai_responses import ResponseShape
 from engine.protocol import (
     ChatCompletionRequest,
@@ -30,6 +31,7 @@ from engine.protocol import (
     sampling_params,
 )
 from normalize.chat_tokenizer import ChatTokenizer
+from protocol.replica_stats import encode_stats
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,16 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 class EngineServer:
-    def __init__(self, engine: LLMEngine, tokenizer: ChatTokenizer, served_model_name: str, max_model_len: int) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        tokenizer: ChatTokenizer,
+        served_model_name: str,
+        max_model_len: int,
+        load_publisher: LoadPublisher | None = None,
+    ) -> None:
         self.engine = engine
+        self.load_publisher = load_publisher
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
@@ -110,7 +120,7 @@ class EngineServer:
         return web.Response(body=self.engine.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, request: web.Request) -> web.Response:
-        return json_response(self.engine.stats())
+        return web.Response(body=encode_stats(self.engine.stats()), content_type="application/json")
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.engine.reset_prefix_cache()
@@ -167,8 +177,12 @@ class EngineServer:
 
     async def _start_engine(self, app: web.Application) -> None:
         self.engine.start(asyncio.get_running_loop())
+        if self.load_publisher is not None:
+            self.load_publisher.start()
 
     async def _stop_engine(self, app: web.Application) -> None:
+        if self.load_publisher is not None:
+            await asyncio.to_thread(self.load_publisher.stop)
         await asyncio.to_thread(self.engine.stop)
 
 

@@ -40,6 +40,14 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
     num_preemptions: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    host_blocks: int = 0
+    """Slots of the host KV tier (0: none)."""
+    host_cached_blocks: int = 0
+    host_kv_cache_usage: float = 0.0
+    host_hit_blocks: int = 0
+    """Blocks copied back from the host tier instead of recomputed, since start."""
+    retained_free_blocks: int = 0
+    """Cached-free blocks held for active sessions' latest turns."""
 
     def load(self) -> ReplicaLoad:
         """The lean part, as the load socket publishes it."""

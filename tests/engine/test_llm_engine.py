@@ -75,7 +75,7 @@ def test_closing_the_stream_early_aborts_the_request() -> None:
         await anext(stream)
         await stream.aclose()
         deadline = time.monotonic() + 2.0
-        while engine.stats()["running"] or engine.stats()["waiting"]:
+        while engine.stats().running or engine.stats().waiting:
             assert time.monotonic() < deadline, f"not aborted: {engine.stats()}"
             await asyncio.sleep(0.01)
 

@@ -1,0 +1,48 @@
+"""Pushes the engine's load to every gateway: a ZMQ PUB socket, one message every ``interval_s``.
+
+Each message is one msgpack ``ReplicaLoad`` (protocol/replica_stats.py) in a single frame, so a
+subscriber may keep only the latest (ZMQ_CONFLATE). Load rides a socket of its own rather than
+the KV-event stream: that stream keeps vLLM's exact format (consumers built for vLLM decode its
+events strictly), and load is a latest-value signal where a lost message costs nothing, while a
+lost KV event costs a replay.
+"""
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from protocol.replica_stats import ReplicaLoad, encode_load
+
+DEFAULT_INTERVAL_S = 0.05
+
+
+class LoadPublisher:
+    """Binds at ``endpoint`` now (so a bad endpoint fails start-up) and publishes from its own thread."""
+
+    def __init__(
+        self, endpoint: str, read_load: Callable[[], ReplicaLoad], interval_s: float = DEFAULT_INTERVAL_S
+    ) -> None:
+        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 16)
+        self._socket.bind(endpoint)
+        self._read_load = read_load
+        self.interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-publisher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._socket.close()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            with contextlib.suppress(zmq.Again):
+                self._socket.send(encode_load(self._read_load()), zmq.NOBLOCK)

@@ -1,0 +1,178 @@
+"""The engine's side of a fleet of gateways, on a real simulated engine: the first streamed chat
+chunk carries the first token, the load socket reports queued work, and the replay socket
+answers with buffered batches or, once its buffer is outrun, a snapshot of the whole cache."""
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+import orjson
+import pytest
+import zmq
+
+from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
+from radix.hashing import block_hashes, hash_to_bytes
+from radix.kv_event_format import AllBlocksCleared, BlockStored, EventBatch, parse_frames
+from tests.procs import ManagedProcess, free_port, start_engine
+
+MODEL = "smollm2-135m"
+SLOW_PREFILL = (
+    "--sim",
+    "--sim-preset",
+    "instant",
+    "--sim-prefill-per-token-s",
+    "0.001",
+    "--sim-decode-base-s",
+    "0.002",
+)
+"""A 600-token prompt takes about 0.6 s of prefill; decode is quick."""
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+@pytest.fixture(scope="module")
+def endpoints() -> dict[str, str]:
+    return {name: f"tcp://127.0.0.1:{free_port()}" for name in ("events", "replay", "load")}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, endpoints: dict[str, str]) -> Iterator[ManagedProcess]:
+    process = start_engine(
+        tmp_path_factory.mktemp("fleet-engine"),
+        *SLOW_PREFILL,
+        "--num-blocks", "400",
+        "--max-model-len", "4096",
+        "--kv-events", endpoints["events"],
+        "--kv-events-replay", endpoints["replay"],
+        "--kv-events-buffer-steps", "3",
+        "--load-events", endpoints["load"],
+    )  # fmt: skip
+    yield process
+    process.stop()
+
+
+def prompt(seed: int, length: int = 600) -> list[int]:
+    return [(seed * 7919 + i * 37) % 40000 + 100 for i in range(length)]
+
+
+async def first_chat_event(url: str, content: str) -> tuple[dict, float, float]:
+    """The first SSE event of a streamed chat, when it came (seconds after sending) and when the last did."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3, "stream": True}
+    started = time.monotonic()
+    first: dict | None = None
+    first_at = 0.0
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/chat/completions", json=body) as reply:
+        async for line in reply.content:
+            if line.startswith(b"data: {") and first is None:
+                first, first_at = orjson.loads(line[6:]), time.monotonic() - started
+    assert first is not None
+    return first, first_at, time.monotonic() - started
+
+
+def test_first_chat_chunk_carries_role_and_first_token(engine: ManagedProcess) -> None:
+    """Today's bug: the role chunk (empty content) left at once, before a long prefill."""
+    long_question = " ".join(f"word{i}" for i in range(500))
+    first, _, _ = asyncio.run(first_chat_event(engine.url, long_question))
+    delta = first["choices"][0]["delta"]
+    assert delta["role"] == "assistant"
+    assert delta["content"], f"the first chunk carries no token: {first}"
+
+
+def test_stats_are_the_typed_struct(engine: ManagedProcess) -> None:
+    stats = decode_stats(get_bytes(f"{engine.url}/stats"))
+    assert stats.num_blocks == 400 and stats.block_size == 16 and stats.max_num_seqs == 64
+    assert stats.running == 0 and stats.queued_prefill_tokens == 0
+
+
+def test_load_socket_reports_queued_prefill_ten_times_a_second(
+    engine: ManagedProcess, endpoints: dict[str, str]
+) -> None:
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoints["load"])
+    try:
+        loads = [decode_load(socket.recv()) for _ in range(3)]
+        assert all(load.running == 0 and load.queued_prefill_tokens == 0 for load in loads)
+        with ThreadPoolExecutor(4) as pool:
+            sent = [pool.submit(complete, engine.url, prompt(100 + index)) for index in range(4)]
+            wait_for_load(
+                socket, lambda load: (load.queued_prefill_tokens or 0) > 600 and load.running + load.waiting > 1
+            )
+            stamps = sorted(decode_load(socket.recv()).ts for _ in range(11))
+            gaps = sorted(later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False))
+            assert gaps[len(gaps) // 2] < 0.1, f"fewer than 10 load messages a second: {gaps}"
+            for future in sent:
+                future.result()
+        idle = wait_for_load(socket, lambda load: load.running == 0 and load.waiting == 0)
+        assert idle.queued_prefill_tokens == 0 and idle.prefill_tokens_per_s
+    finally:
+        socket.close()
+
+
+def test_replay_sends_buffered_batches_then_a_snapshot_once_outrun(
+    engine: ManagedProcess, endpoints: dict[str, str]
+) -> None:
+    complete(engine.url, prompt(1, 100))
+    batches = replay(endpoints["replay"], 0)
+    first_sequence = batches[0][0]
+    if first_sequence == 0:
+        assert [sequence for sequence, _ in batches] == list(range(len(batches)))
+    for seed in range(2, 7):
+        complete(engine.url, prompt(seed, 100))
+    (sequence, snapshot), *rest = replay(endpoints["replay"], 0)
+    assert not rest, "a snapshot is one batch"
+    assert isinstance(snapshot.events[0], AllBlocksCleared)
+    stored = snapshot.events[1:]
+    assert all(isinstance(event, BlockStored) and len(event.block_hashes) == 1 for event in stored)
+    held = {event.block_hashes[0] for event in stored if isinstance(event, BlockStored)}
+    assert len(held) == decode_stats(get_bytes(f"{engine.url}/stats")).cached_blocks
+    for seed in range(1, 7):
+        expected = {hash_to_bytes(h) for h in block_hashes(prompt(seed, 100), 16, MODEL)}
+        assert expected <= held, f"prompt {seed}'s blocks are missing from the snapshot"
+    recent = replay(endpoints["replay"], sequence)
+    assert recent and recent[0][0] >= sequence - 2, "the buffer still covers the latest batches"
+
+
+def complete(url: str, token_ids: list[int]) -> None:
+    answer = post_json(f"{url}/v1/completions", {"model": MODEL, "prompt": token_ids, "max_tokens": 2})
+    assert answer["usage"]["completion_tokens"] == 2
+
+
+def wait_for_load(socket: zmq.Socket, condition: Callable[[ReplicaLoad], bool], timeout: float = 20.0) -> ReplicaLoad:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        load = decode_load(socket.recv())
+        if condition(load):
+            return load
+    raise AssertionError("load condition not reached")
+
+
+def replay(endpoint: str, start: int) -> list[tuple[int, EventBatch]]:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RCVTIMEO, 10_000)
+    socket.connect(endpoint)
+    try:
+        socket.send_multipart([b"", start.to_bytes(8, "big")])
+        batches = []
+        while True:
+            parts = socket.recv_multipart()
+            if parts[-2] == END_SEQ:
+                return batches
+            batches.append(parse_frames(parts))
+    finally:
+        socket.close()
+
+
+def get_bytes(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return orjson.loads(response.read())
