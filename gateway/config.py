@@ -31,6 +31,12 @@ class EngineSpec(ConfigSection):
     """Defaults to the top-level `model`."""
     kv_events_port: int | None = Field(None, ge=1, le=65535)
     """When set, the engine publishes KV events there and the gateway routes on them (precise mode)."""
+    kv_events_replay_port: int | None = Field(None, ge=1, le=65535)
+    """When set (with `kv_events_port`), the engine answers KV-event replays there, so a gateway that
+    starts late or restarts learns the engine's whole cache."""
+    load_events_port: int | None = Field(None, ge=1, le=65535)
+    """When set, the engine publishes its load there (20 times a second) and every gateway routes on
+    the replica's total load, not only on the requests it sent itself."""
     max_concurrency: int | None = Field(None, ge=1)
     args: list[str] = []
     """Further `kvgate engine` flags, verbatim (e.g. ["--sim", "--num-blocks", "2048"])."""
@@ -48,6 +54,12 @@ class BackendSpec(ConfigSection):
     max_concurrency: int | None = Field(None, ge=1)
     kv_events: str | None = None
     """ZMQ endpoint of the replica's KV events (tcp://host:port); absent means predicted mode."""
+    kv_events_replay: str | None = None
+    """ZMQ endpoint of its KV-event replay socket (vLLM's `replay_endpoint`, the bundled engine's
+    `--kv-events-replay`): asked on start and on sequence gaps."""
+    load_events: str | None = None
+    """ZMQ endpoint of its load reports (the bundled engine's `--load-events`); without one the
+    load comes from /stats (bundled engine) or /metrics (vLLM) at each health check."""
     kv_capacity_blocks: int | None = Field(None, ge=1)
     """Blocks of `block_size` tokens the replica's KV cache holds, when its /stats cannot tell."""
     drain: bool = False
@@ -109,6 +121,11 @@ class KvgateConfig(ConfigSection):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        without_events = [
+            backend.name for backend in self.backends if backend.kv_events_replay and not backend.kv_events
+        ]
+        if without_events:
+            raise ValueError(f"kv_events_replay needs kv_events; missing on: {', '.join(without_events)}")
         return self
 
     def backend_model(self, backend: BackendSpec) -> str:
@@ -125,14 +142,19 @@ def engine_name(index: int, engine: EngineSpec) -> str:
     return engine.name or f"engine-{index}"
 
 
+def _zmq_endpoint(host: str, port: int | None) -> str | None:
+    return f"tcp://{host}:{port}" if port else None
+
+
 def backend_for_engine(index: int, engine: EngineSpec) -> BackendSpec:
-    kv_events = f"tcp://{engine.host}:{engine.kv_events_port}" if engine.kv_events_port else None
     return BackendSpec(
         name=engine_name(index, engine),
         url=f"http://{engine.host}:{engine.port}",
         model=engine.model,
         max_concurrency=engine.max_concurrency,
-        kv_events=kv_events,
+        kv_events=_zmq_endpoint(engine.host, engine.kv_events_port),
+        kv_events_replay=_zmq_endpoint(engine.host, engine.kv_events_replay_port) if engine.kv_events_port else None,
+        load_events=_zmq_endpoint(engine.host, engine.load_events_port),
     )
 
 

@@ -144,6 +144,7 @@ def replica_specs(config: KvgateConfig, pool: BackendPool | None = None) -> list
             config.backend_model(backend),
             backend.kv_events,
             backend.kv_capacity_blocks or _reported_capacity(pool, backend.name),
+            backend.kv_events_replay,
         )
         for backend in config.backends
     ]

@@ -46,6 +46,10 @@ def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
     command += ["--model", model, "--block-size", str(config.block_size)]
     if engine.kv_events_port:
         command += ["--kv-events", f"tcp://{engine.host}:{engine.kv_events_port}"]
+        if engine.kv_events_replay_port:
+            command += ["--kv-events-replay", f"tcp://{engine.host}:{engine.kv_events_replay_port}"]
+    if engine.load_events_port:
+        command += ["--load-events", f"tcp://{engine.host}:{engine.load_events_port}"]
     return command + engine.args
 
 

@@ -1,4 +1,4 @@
-"""The replicas behind the gateway: their health, in-flight load and the numbers they report."""
+"""The replicas behind the gateway: their health, their load (reported and in flight) and their stats."""
 
 import asyncio
 import logging
@@ -11,8 +11,14 @@ import aiohttp
 
 from gateway.admission.kv_blocks import fits
 from gateway.backends.circuit_breaker import CircuitBreaker
+from gateway.backends.load_feed import LoadFeed, read_stats, read_vllm_load
+from gateway.backends.load_view import LoadView
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.types import ReplicaState
+from protocol.replica_stats import ReplicaLoad, ReplicaStats
+
+LOAD_SOCKET_STALE_S = 1.0
+"""A load-socket report older than this (the engine sends one every 50 ms) no longer counts."""
 
 log = logging.getLogger("kvgate.backends")
 
@@ -32,8 +38,12 @@ class Backend:
     kv_reserved_blocks: int = 0
     consecutive_failures: int = 0
     consecutive_successes: int = 0
-    reported: dict = field(default_factory=dict)
+    reported: ReplicaStats | None = None
     """The replica's own numbers from its /stats (bundled engine), refreshed by health checks."""
+    load: LoadView = field(default_factory=lambda: LoadView(LOAD_SOCKET_STALE_S))
+    """Its total load: the latest report (load socket, /stats or vLLM's /metrics) and this gateway's requests."""
+    feed: LoadFeed | None = None
+    """The task reading its load socket, when it has one."""
     max_model_len: int | None = None
     """The context length its /v1/models reports (bundled engine, vLLM), read when it turns healthy."""
     last_checked: float = 0.0
@@ -53,8 +63,7 @@ class Backend:
 
     @property
     def kv_capacity_blocks(self) -> int | None:
-        reported = self.reported.get("num_blocks")
-        return self.spec.kv_capacity_blocks or (reported if isinstance(reported, int) else None)
+        return self.spec.kv_capacity_blocks or (self.reported.num_blocks if self.reported is not None else None)
 
     @property
     def takes_retention_hints(self) -> bool:
@@ -70,7 +79,13 @@ class Backend:
     def fits(self, kv_blocks: int) -> bool:
         return self.has_room and fits(self.kv_reserved_blocks, kv_blocks, self.kv_capacity_blocks)
 
+    @property
+    def latest_report(self) -> ReplicaLoad | None:
+        return self.load.report or self.reported
+
     def state(self) -> ReplicaState:
+        load = self.load.now()
+        report = self.latest_report
         return ReplicaState(
             name=self.name,
             model=self.model,
@@ -78,10 +93,11 @@ class Backend:
             in_flight=self.in_flight,
             in_flight_prefill_tokens=self.in_flight_prefill_tokens,
             max_concurrency=self.spec.max_concurrency,
-            num_running=self.reported.get("running"),
-            num_waiting=self.reported.get("waiting"),
-            kv_usage=self.reported.get("kv_cache_usage"),
-            prefill_tokens_per_s=self.reported.get("prefill_tokens_per_s"),
+            num_running=load.running,
+            num_waiting=load.waiting,
+            queued_prefill_tokens=load.queued_prefill_tokens,
+            kv_usage=report.kv_cache_usage if report is not None else None,
+            prefill_tokens_per_s=report.prefill_tokens_per_s if report is not None else None,
         )
 
     @contextmanager
@@ -95,18 +111,21 @@ class Backend:
         self.in_flight_prefill_tokens += prefill_tokens
         self.kv_reserved_blocks += kv_blocks
         self.breaker.on_request()
+        sent = self.load.on_sent(prefill_tokens)
         pending_prefill = prefill_tokens
 
         def prefill_done() -> None:
             nonlocal pending_prefill
             self.in_flight_prefill_tokens -= pending_prefill
             pending_prefill = 0
+            self.load.on_prefilled(sent)
 
         try:
             yield prefill_done
         finally:
             self.in_flight -= 1
             prefill_done()
+            self.load.on_finished(sent)
             self.kv_reserved_blocks -= kv_blocks
 
     def record_check(self, ok: bool, config: HealthConfig) -> bool:
@@ -137,6 +156,7 @@ class BackendPool:
         self.health = health
         self._listeners: list[Callable[[], None]] = []
         self._checker: asyncio.Task | None = None
+        self._started = False
 
     @classmethod
     def from_specs(cls, specs: list[tuple[BackendSpec, str]], health: HealthConfig) -> "BackendPool":
@@ -187,22 +207,42 @@ class BackendPool:
             elif not backend.removed:
                 log.info("backend %s removed from the config: draining", name)
                 backend.removed = True
-        self._drop_drained()
+        await self._drop_drained()
+        await self._sync_feeds()
         self._changed()
 
     async def start(self, session: aiohttp.ClientSession) -> None:
+        self._started = True
         await self.check_all(session)
         self._checker = asyncio.create_task(self._check_forever(session))
 
     async def stop(self) -> None:
+        self._started = False
         if self._checker is not None:
             self._checker.cancel()
             await asyncio.gather(self._checker, return_exceptions=True)
+        await asyncio.gather(*(self._set_feed(backend, None) for backend in self.backends.values()))
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self._check(session, backend) for backend in list(self.backends.values())))
-        self._drop_drained()
+        await self._drop_drained()
+        await self._sync_feeds()
         self._changed()
+
+    async def _sync_feeds(self) -> None:
+        """Follow the load socket of each backend that declares one (and only those)."""
+        if self._started:
+            await asyncio.gather(
+                *(self._set_feed(backend, backend.spec.load_events) for backend in self.backends.values())
+            )
+
+    async def _set_feed(self, backend: Backend, endpoint: str | None) -> None:
+        if backend.feed is not None and backend.feed.endpoint != endpoint:
+            await backend.feed.stop()
+            backend.feed = None
+        if endpoint is not None and backend.feed is None:
+            backend.feed = LoadFeed(endpoint, backend.load)
+            backend.feed.start()
 
     async def _check_forever(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -216,16 +256,30 @@ class BackendPool:
             async with session.get(f"{url}/health", timeout=timeout) as response:
                 ok = response.status == 200
             if ok:
-                backend.reported = await _get_json(session, f"{url}/stats", timeout) or {}
+                await self._read_load(session, backend, timeout)
         except (TimeoutError, aiohttp.ClientError):
             ok = False
         if backend.record_check(ok, self.health):
             backend.max_model_len = _max_model_len(await _get_json(session, f"{url}/v1/models", timeout))
 
-    def _drop_drained(self) -> None:
+    async def _read_load(
+        self, session: aiohttp.ClientSession, backend: Backend, timeout: aiohttp.ClientTimeout
+    ) -> None:
+        """Stats from /stats (bundled engine), else load from /metrics (vLLM); a report for the load view
+        unless its load socket reports far more often."""
+        url = backend.spec.url
+        backend.reported = await read_stats(session, url, timeout)
+        report: ReplicaLoad | None = backend.reported
+        if report is None:
+            report = await read_vllm_load(session, url, timeout)
+        if report is not None and backend.spec.load_events is None:
+            backend.load.stale_after_s = 3 * self.health.interval_s + self.health.timeout_s
+            backend.load.on_report(report)
+
+    async def _drop_drained(self) -> None:
         for name in [name for name, backend in self.backends.items() if backend.removed and not backend.in_flight]:
             log.info("backend %s drained and removed", name)
-            del self.backends[name]
+            await self._set_feed(self.backends.pop(name), None)
 
     def _changed(self) -> None:
         for listener in self._listeners:
@@ -233,7 +287,7 @@ class BackendPool:
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> dict | None:
-    """A JSON object from ``url``, or None (other engines lack the bundled engine's /stats; that is fine)."""
+    """A JSON object from ``url``, or None."""
     try:
         async with session.get(url, timeout=timeout) as response:
             if response.status == 200:

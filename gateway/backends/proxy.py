@@ -39,7 +39,8 @@ class UpstreamOutcome:
     status: int
     usage: dict | None = None
     first_token_at: float | None = None
-    """`time.perf_counter()` when the first token (or the whole body) arrived."""
+    """`time.perf_counter()` when the first token (or the whole body) arrived; None for a stream
+    that carried no output."""
     completed: bool = False
     """The backend finished the answer (a stream reached [DONE], a body arrived whole)."""
     client_gone: bool = False
@@ -69,7 +70,7 @@ class ProxyCall:
     """The cap the gateway granted; a stream that goes past it is ended here."""
     prompt_tokens: int
     on_first_token: Callable[[], None] = lambda: None
-    """Called once when the first streamed event arrives (the backend's prefill is done)."""
+    """Called once when the first streamed event carrying output arrives (the backend's prefill is done)."""
     outcome: UpstreamOutcome = field(default_factory=lambda: UpstreamOutcome(status=0))
     """Filled in as the answer flows; ``forward`` returns it."""
 
@@ -125,8 +126,6 @@ async def _relay_stream(
         first = await anext(events)
     except (TimeoutError, StopAsyncIteration, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
-    outcome.first_token_at = time.perf_counter()
-    call.on_first_token()
     response = web.StreamResponse(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -160,7 +159,10 @@ async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: U
         await response.write(event)
         return
     chunk = _json_or_none(payload)
-    if chunk is not None and _carries_tokens(chunk):
+    if chunk is not None and carries_output(chunk):
+        if outcome.first_token_at is None:
+            outcome.first_token_at = time.perf_counter()
+            call.on_first_token()
         if outcome.token_chunks >= call.max_tokens:
             await _end_at_cap(call, response, outcome, chunk)
             return
@@ -174,8 +176,14 @@ async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: U
     await response.write(event)
 
 
-def _carries_tokens(chunk: dict) -> bool:
-    """Whether a streamed chunk holds generated output (text, a delta other than the role)."""
+def carries_output(chunk: dict) -> bool:
+    """Whether a streamed chunk holds generated output: text, logprobs, or a delta other than the
+    bare role (content, tool calls, a refusal, reasoning).
+
+    Backends may send chunks before the first token (the role alone, as some engines do before
+    their prefill); those do not count, so time to first token, the router's prefill accounting
+    and the token cap stay true whatever the backend sends first.
+    """
     choices = chunk.get("choices")
     if not isinstance(choices, list):
         return False
@@ -183,7 +191,9 @@ def _carries_tokens(chunk: dict) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if choice.get("text") or (isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role")):
+        if choice.get("text") or choice.get("logprobs"):
+            return True
+        if isinstance(delta, dict) and any(value for key, value in delta.items() if key != "role"):
             return True
     return False
 

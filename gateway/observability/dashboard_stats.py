@@ -37,22 +37,26 @@ def dashboard_stats(telemetry: Telemetry, pool: BackendPool, queue: AdmissionQue
 
 
 def _replica(backend: Backend, tally: Tally) -> dict:
-    """One replica's load now and its savings since start; GPU-seconds from its measured prefill rate."""
-    prefill_rate = backend.reported.get("prefill_tokens_per_s")
-    has_rate = isinstance(prefill_rate, int | float) and prefill_rate > 0
+    """One replica's load now (the state routing sees) and its savings since start; GPU-seconds from
+    its measured prefill rate."""
+    state = backend.state()
+    prefill_rate = state.prefill_tokens_per_s
+    has_rate = prefill_rate is not None and prefill_rate > 0
     return {
         "name": backend.name,
         "model": backend.model,
         "healthy": backend.healthy,
         "draining": backend.draining,
         "circuit": backend.breaker.state.value,
-        "in_flight": backend.in_flight,
-        "in_flight_prefill_tokens": backend.in_flight_prefill_tokens,
-        "num_running": backend.reported.get("running"),
-        "num_waiting": backend.reported.get("waiting"),
-        "kv_usage": backend.reported.get("kv_cache_usage"),
+        "in_flight": state.in_flight,
+        "in_flight_prefill_tokens": state.in_flight_prefill_tokens,
+        "num_running": state.num_running,
+        "num_waiting": state.num_waiting,
+        "queued_prefill_tokens": state.queued_prefill_tokens,
+        "load_reported": backend.load.fresh,
+        "kv_usage": state.kv_usage,
         "prefill_tokens_per_s": prefill_rate if has_rate else None,
         **tally.summary(),
         "saved_tokens": tally.cached_tokens,
-        "saved_gpu_s": tally.cached_tokens / prefill_rate if has_rate else None,
+        "saved_gpu_s": tally.cached_tokens / prefill_rate if prefill_rate and has_rate else None,
     }

@@ -97,7 +97,11 @@ class CacheTracker:
         wanted = {spec.name: spec for spec in replicas}
         for name, old in list(self._specs.items()):
             new = wanted.get(name)
-            if new is None or (new.kv_events, new.model) != (old.kv_events, old.model):
+            if new is None or (new.kv_events, new.kv_events_replay, new.model) != (
+                old.kv_events,
+                old.kv_events_replay,
+                old.model,
+            ):
                 self._forget(name)
         for name, spec in wanted.items():
             capacity = _index_capacity(spec, config)
@@ -145,7 +149,7 @@ class CacheTracker:
     def _subscribe(self, spec: ReplicaSpec) -> None:
         assert spec.kv_events is not None
         applier = KVEventApplier(self.index, spec.name, spec.model, self.block_size, self.speculative, self._clock)
-        subscriber = KVEventSubscriber(spec.kv_events, applier)
+        subscriber = KVEventSubscriber(spec.kv_events, applier, replay_endpoint=spec.kv_events_replay)
         subscriber.start()
         self.subscribers[spec.name] = subscriber
 

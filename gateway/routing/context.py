@@ -76,7 +76,8 @@ class RouteContext:
         requests = replica.in_flight
         if replica.num_running is not None:
             requests = max(requests, replica.num_running + (replica.num_waiting or 0))
-        prefill_s = replica.in_flight_prefill_tokens / self.prefill_rate(replica)
+        queued = replica.queued_prefill_tokens
+        prefill_s = (replica.in_flight_prefill_tokens if queued is None else queued) / self.prefill_rate(replica)
         return prefill_s + requests * self.config.decode_wait_s_per_request
 
     def estimated_ttft_s(self, replica: ReplicaState) -> float:

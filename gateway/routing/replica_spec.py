@@ -11,3 +11,5 @@ class ReplicaSpec:
     """ZMQ endpoint of the replica's KV events: precise mode; None: predicted mode."""
     capacity_blocks: int | None
     """KV blocks (of the gateway's block size) the replica's cache holds, when known."""
+    kv_events_replay: str | None = None
+    """ZMQ endpoint of its KV-event replay socket, asked on start and on sequence gaps."""

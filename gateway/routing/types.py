@@ -29,7 +29,11 @@ class ReplicaState:
     """Uncached prompt tokens of requests sent but not yet answered with a first token."""
     max_concurrency: int | None = None
     num_running: int | None = None
+    """Running requests at the replica, from every gateway (its latest report, adjusted by this
+    gateway's requests since; gateway/backends/load_view.py)."""
     num_waiting: int | None = None
+    queued_prefill_tokens: int | None = None
+    """Prompt tokens queued for prefill at the replica, from every gateway when it reports them."""
     kv_usage: float | None = None
     prefill_tokens_per_s: float | None = None
 

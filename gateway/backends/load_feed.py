@@ -1,0 +1,112 @@
+"""Where a replica's load reports come from: its load socket (bundled engine), its /stats, or
+its Prometheus /metrics (vLLM), each turned into one ``ReplicaLoad``."""
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import zmq
+import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.backends.load_view import LoadView
+from protocol.replica_stats import ReplicaLoad, ReplicaStats, decode_load, decode_stats
+
+log = logging.getLogger("kvgate.backends")
+
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+"""vLLM's KV usage gauge: the first name in current releases, the second in older ones."""
+
+
+class LoadFeed:
+    """An asyncio task that reads a replica's load socket (ZMQ SUB, latest message only) into its view."""
+
+    def __init__(self, endpoint: str, view: LoadView) -> None:
+        self.endpoint = endpoint
+        self.view = view
+        self.received = 0
+        self.bad_messages = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.CONFLATE, 1)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.connect(self.endpoint)
+        self._task = asyncio.get_running_loop().create_task(self._read(socket), name=f"load {self.endpoint}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _read(self, socket: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                payload = await socket.recv()
+                try:
+                    report = decode_load(payload)
+                except ValueError:
+                    self.bad_messages += 1
+                    continue
+                self.received += 1
+                self.view.on_report(report)
+        finally:
+            socket.close()
+
+
+async def read_stats(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> ReplicaStats | None:
+    """The bundled engine's GET /stats, or None (other engines have none; that is fine)."""
+    body = await _get(session, f"{url}/stats", timeout)
+    if body is None:
+        return None
+    try:
+        return decode_stats(body)
+    except ValueError:
+        return None
+
+
+async def read_vllm_load(
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout
+) -> ReplicaLoad | None:
+    """Running and waiting requests and KV usage from vLLM's /metrics, or None when it exports none."""
+    body = await _get(session, f"{url}/metrics", timeout)
+    if body is None:
+        return None
+    try:
+        samples = _gauges(body.decode(errors="replace"))
+    except ValueError:
+        return None
+    if VLLM_RUNNING not in samples or VLLM_WAITING not in samples:
+        return None
+    usage = next((samples[name] for name in VLLM_KV_USAGE if name in samples), None)
+    return ReplicaLoad(
+        ts=time.time(),
+        running=int(samples[VLLM_RUNNING]),
+        waiting=int(samples[VLLM_WAITING]),
+        kv_cache_usage=usage,
+    )
+
+
+def _gauges(text: str) -> dict[str, float]:
+    """Each vLLM load gauge summed over its label sets (data-parallel ranks, models)."""
+    wanted = {VLLM_RUNNING, VLLM_WAITING, *VLLM_KV_USAGE}
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+async def _get(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> bytes | None:
+    try:
+        async with session.get(url, timeout=timeout) as response:
+            return await response.read() if response.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError):
+        return None

@@ -1,0 +1,118 @@
+"""One replica's total load as this gateway sees it: the replica's latest report plus this
+gateway's own requests that the report cannot include yet.
+
+Several gateways send to the same replicas, so only the replica knows its whole load; but its
+report is up to a tenth of a second old (bundled engine) or a health-check interval (vLLM). A
+request this gateway sent must be counted exactly once: a request the report already counts (it
+was sent ``COVER_GRACE_S`` or more before the report arrived) is in the report; a newer one is
+added on top; and what a counted request has since finished (its prefill, or the whole request)
+is taken off the report until the next one. Without a fresh report, the view is this gateway's
+own in-flight accounting alone, as with a single gateway.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.replica_stats import ReplicaLoad
+
+COVER_GRACE_S = 0.02
+"""A request sent less than this before a report arrived may not have reached the replica's
+scheduler when it took the reading (HTTP, tokenization): it is counted on top of the report."""
+
+
+@dataclass(eq=False)
+class SentRequest:
+    """One of this gateway's requests in flight at the replica."""
+
+    sent_at: float
+    prefill_tokens: int
+    """Uncached prompt tokens still to prefill (0 once the first token came)."""
+    covered: bool = False
+    """The replica's latest report counts it."""
+
+
+@dataclass(frozen=True)
+class LoadNow:
+    """The replica's load for routing: requests (running or queued) and prompt tokens to prefill."""
+
+    running: int
+    waiting: int
+    queued_prefill_tokens: int
+
+
+class LoadView:
+    """Counts kept in step with every send, first token, finish and report, so reading is O(1)."""
+
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_after_s = stale_after_s
+        self.report: ReplicaLoad | None = None
+        self.report_received_at = 0.0
+        self._clock = clock
+        self._sent: set[SentRequest] = set()
+        self._uncovered_requests = 0
+        self._uncovered_prefill = 0
+        self._covered_finished = 0
+        self._covered_prefilled = 0
+        self.own_requests = 0
+        self.own_prefill_tokens = 0
+
+    def on_report(self, report: ReplicaLoad) -> None:
+        """A new reading from the replica: it now counts every request sent before it (less a grace)."""
+        now = self._clock()
+        self.report = report
+        self.report_received_at = now
+        cutoff = now - COVER_GRACE_S
+        self._uncovered_requests = self._uncovered_prefill = 0
+        self._covered_finished = self._covered_prefilled = 0
+        for request in self._sent:
+            request.covered = request.sent_at <= cutoff
+            if not request.covered:
+                self._uncovered_requests += 1
+                self._uncovered_prefill += request.prefill_tokens
+
+    def on_sent(self, prefill_tokens: int) -> SentRequest:
+        request = SentRequest(self._clock(), prefill_tokens)
+        self._sent.add(request)
+        self.own_requests += 1
+        self.own_prefill_tokens += prefill_tokens
+        self._uncovered_requests += 1
+        self._uncovered_prefill += prefill_tokens
+        return request
+
+    def on_prefilled(self, request: SentRequest) -> None:
+        """The request's first token came: its prompt is no longer queued work."""
+        tokens, request.prefill_tokens = request.prefill_tokens, 0
+        self.own_prefill_tokens -= tokens
+        if request.covered:
+            self._covered_prefilled += tokens
+        else:
+            self._uncovered_prefill -= tokens
+
+    def on_finished(self, request: SentRequest) -> None:
+        self.on_prefilled(request)
+        self._sent.discard(request)
+        self.own_requests -= 1
+        if request.covered:
+            self._covered_finished += 1
+        else:
+            self._uncovered_requests -= 1
+
+    @property
+    def fresh(self) -> bool:
+        return self.report is not None and self._clock() - self.report_received_at <= self.stale_after_s
+
+    def now(self) -> LoadNow:
+        """The replica's total load: its report adjusted by this gateway's requests since, or, without a
+        fresh report, this gateway's own requests (all of them queued for prefill as far as it knows)."""
+        report = self.report
+        if report is None or not self.fresh:
+            return LoadNow(self.own_requests, 0, self.own_prefill_tokens)
+        finished = self._covered_finished
+        running = max(report.running - finished, 0)
+        waiting = max(report.waiting - max(finished - report.running, 0), 0) + self._uncovered_requests
+        if report.queued_prefill_tokens is None:
+            prefill = self.own_prefill_tokens
+        else:
+            prefill = max(report.queued_prefill_tokens - self._covered_prefilled, 0) + self._uncovered_prefill
+        return LoadNow(running, waiting, prefill)
