@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--predicted", action="store_true", help="kvgate predicts replica caches instead of following KV events"
     )
+    run.add_argument(
+        "--gateways",
+        default="1",
+        metavar="G[,G...]",
+        help="run kvgate and sglang-router as G instances over the same replicas, requests spread round "
+        "robin over them (comma-separated counts run side by side, e.g. 1,3; default: %(default)s)",
+    )
     run.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
     run.add_argument(
         "--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds (default: %(default)s)"
@@ -107,7 +114,7 @@ def main(argv: list[str]) -> int:
     routing = {key: yaml.safe_load(value) for key, value in pairs(args.routing, "--routing").items()}
     contenders = [
         dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
-        for contender in contenders_for(args.policy.split(","), args.peers)
+        for contender in contenders_for(args.policy.split(","), args.peers, _counts(args.gateways))
     ]
     fleet = FleetSpec(
         replicas=len(args.replica_url) or args.replicas,
@@ -154,6 +161,16 @@ def scaled_costs(costs: SimCosts, prefill_s_per_token: float) -> SimCosts:
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     """Unwind like Ctrl-C, so the replicas and routers this run started are stopped too."""
     raise SystemExit(128 + signum)
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--gateways expects counts like 1,3, got {text!r}") from None
+    if any(count < 1 for count in counts):
+        raise SystemExit(f"--gateways counts must be at least 1, got {text!r}")
+    return counts
 
 
 def pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -42,10 +43,13 @@ class Contender:
     routing: dict[str, object] = field(default_factory=dict)
     """Extra ``routing:`` settings for kvgate (e.g. scorer weights)."""
     label: str = ""
+    instances: int = 1
+    """Gateways (or routers) of this kind in front of the same replicas; the load generator spreads
+    requests over them round robin, as a load balancer would."""
 
     @property
     def name(self) -> str:
-        return self.label or f"{self.kind} {self.policy}"
+        return self.label or f"{self.kind} {self.policy}" + (f" x{self.instances}" if self.instances > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Replica:
     url: str
     kv_events: str | None = None
     """ZMQ endpoint of its KV events, when it publishes them."""
+    kv_events_replay: str | None = None
+    load_events: str | None = None
+    """ZMQ endpoint of its load reports, when it publishes them."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +103,19 @@ def sglang_install_hint() -> str:
     )
 
 
-def contenders_for(policies: Sequence[str], peers: bool) -> list[Contender]:
-    """kvgate with each policy, direct round robin, and with ``peers`` sglang-router's policies."""
+def contenders_for(policies: Sequence[str], peers: bool, gateways: Sequence[int] = (1,)) -> list[Contender]:
+    """kvgate with each policy, direct round robin, and with ``peers`` sglang-router's policies;
+    kvgate and sglang-router once per gateway count in ``gateways``."""
     chosen = list(KVGATE_POLICIES) if "all" in policies else list(policies)
     unknown = sorted(set(chosen) - set(KVGATE_POLICIES))
     if unknown:
         raise ValueError(f"unknown policies {unknown}; choose from {list(KVGATE_POLICIES)} or all")
-    contenders = [Contender("kvgate", policy) for policy in chosen]
+    contenders = [Contender("kvgate", policy, instances=count) for policy in chosen for count in gateways]
     contenders.append(Contender("direct", "round_robin"))
     if peers:
-        contenders += [Contender("sglang-router", policy) for policy in SGLANG_POLICIES]
+        contenders += [
+            Contender("sglang-router", policy, instances=count) for policy in SGLANG_POLICIES for count in gateways
+        ]
     return contenders
 
 
@@ -121,13 +131,13 @@ def deploy(
         if contender.kind == "direct":
             yield Deployment(Target(urls, MODEL), urls)
         elif contender.kind == "kvgate":
-            gateway = start_kvgate(contender, fleet, replicas, workdir)
-            stack.callback(gateway.stop)
-            yield Deployment(Target((gateway.url,), MODEL), urls)
+            gateways = start_kvgates(contender, fleet, replicas, workdir, stack)
+            yield Deployment(Target(tuple(gateway.url for gateway in gateways), MODEL), urls)
         elif contender.kind == "sglang-router":
-            router = start_sglang_router(contender, urls, workdir)
-            stack.callback(router.stop)
-            yield Deployment(Target((router.url,), MODEL, detokenize), urls)
+            routers = [
+                start_sglang_router(contender, urls, workdir, index, stack) for index in range(contender.instances)
+            ]
+            yield Deployment(Target(tuple(router.url for router in routers), MODEL, detokenize), urls)
         else:
             raise ValueError(f"unknown contender kind {contender.kind!r}")
 
@@ -145,6 +155,8 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Re
     for index in range(fleet.replicas):
         port = free_port()
         events = f"tcp://127.0.0.1:{free_port()}" if fleet.kv_events else None
+        replay = f"tcp://127.0.0.1:{free_port()}" if fleet.kv_events else None
+        load = f"tcp://127.0.0.1:{free_port()}"
         command = kvgate_command(
             "engine",
             "--sim",
@@ -160,14 +172,15 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Re
             "WARNING",
             *fleet.engine_args,
         )
-        if events:
-            command += ["--kv-events", events]
+        command += ["--load-events", load]
+        if events and replay:
+            command += ["--kv-events", events, "--kv-events-replay", replay]
         process = launch(command, port, workdir / f"replica-{index}.log")
         stack.callback(process.stop)
-        started.append((process, events))
+        started.append((process, Replica(process.url, events, replay, load)))
     for process, _ in started:
         wait_ready(process, lambda url=process.url: http_ok(f"{url}/health"))
-    return [Replica(process.url, events) for process, events in started]
+    return [replica for _, replica in started]
 
 
 def kvgate_config(contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], port: int) -> dict[str, object]:
@@ -180,6 +193,10 @@ def kvgate_config(contender: Contender, fleet: FleetSpec, replicas: Sequence[Rep
         }
         if replica.kv_events:
             backend["kv_events"] = replica.kv_events
+        if replica.kv_events_replay:
+            backend["kv_events_replay"] = replica.kv_events_replay
+        if replica.load_events:
+            backend["load_events"] = replica.load_events
         backends.append(backend)
     return {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -191,13 +208,22 @@ def kvgate_config(contender: Contender, fleet: FleetSpec, replicas: Sequence[Rep
     }
 
 
-def start_kvgate(contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path) -> Process:
-    port = free_port()
-    config_path = workdir / "kvgate.yaml"
-    config_path.write_text(yaml.safe_dump(kvgate_config(contender, fleet, replicas, port), sort_keys=False))
-    gateway = launch(kvgate_command("gateway", "-c", str(config_path)), port, workdir / "kvgate.log")
-    wait_ready(gateway, lambda: _kvgate_sees_all(gateway.url, len(replicas)))
-    return gateway
+def start_kvgates(
+    contender: Contender, fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path, stack: ExitStack
+) -> list[Process]:
+    """``contender.instances`` gateways over the same replicas, started at once, then waited for."""
+    gateways = []
+    for index in range(contender.instances):
+        port = free_port()
+        suffix = f"-{index}" if contender.instances > 1 else ""
+        config_path = workdir / f"kvgate{suffix}.yaml"
+        config_path.write_text(yaml.safe_dump(kvgate_config(contender, fleet, replicas, port), sort_keys=False))
+        gateway = launch(kvgate_command("gateway", "-c", str(config_path)), port, workdir / f"kvgate{suffix}.log")
+        stack.callback(gateway.stop)
+        gateways.append(gateway)
+    for gateway in gateways:
+        wait_ready(gateway, partial(_kvgate_sees_all, gateway.url, len(replicas)))
+    return gateways
 
 
 def _kvgate_sees_all(url: str, replicas: int) -> bool:
@@ -205,7 +231,10 @@ def _kvgate_sees_all(url: str, replicas: int) -> bool:
     return body is not None and len(orjson.loads(body).get("healthy_backends", [])) == replicas
 
 
-def start_sglang_router(contender: Contender, replica_urls: Sequence[str], workdir: Path) -> Process:
+def start_sglang_router(
+    contender: Contender, replica_urls: Sequence[str], workdir: Path, index: int, stack: ExitStack
+) -> Process:
+    """One sglang-router instance; each has its own metrics port (a shared one makes the second panic)."""
     binary = sglang_router_binary()
     if not binary.exists():
         raise FileNotFoundError(sglang_install_hint())
@@ -226,7 +255,8 @@ def start_sglang_router(contender: Contender, replica_urls: Sequence[str], workd
         "--prometheus-port",
         str(free_port()),
     ]
-    router = launch(command, port, workdir / "sglang-router.log")
+    router = launch(command, port, workdir / f"sglang-router-{index}.log")
+    stack.callback(router.stop)
     wait_ready(router, lambda: _sglang_sees_all(router.url, len(replica_urls)))
     return router
 
