@@ -26,6 +26,7 @@ from engine.runner_api import ModelRunner, SamplingParams
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.sequence import Sequence
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
+from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class _Request:
     outputs: asyncio.Queue[RequestOutput]
     cache_lookup_counted: bool = False
     last_token_time: float | None = None
+    prompt_hashes: list[bytes] | None = None
+    """Block hashes of the prompt's full blocks, as the load socket announces them (computed once)."""
 
 
 class LLMEngine:
@@ -90,6 +93,10 @@ class LLMEngine:
         self._prefill_tokens = 0.0
         self._prefill_seconds = 0.0
         self._queued_prefill_tokens = 0
+        self._pending_prefixes: list[list[bytes]] = []
+        self._admitted = False
+        self.on_admitted: Callable[[], None] = lambda: None
+        """Called on the engine thread when new requests are queued (the load publisher sends at once)."""
         if publisher is not None:
             publisher.serve_snapshots(self.request_snapshot)
         metrics.track_state(
@@ -173,6 +180,7 @@ class LLMEngine:
             queued_prefill_tokens=self._queued_prefill_tokens,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate(),
+            pending_prefixes=self._pending_prefixes,
         )
 
     def stats(self) -> ReplicaStats:
@@ -206,7 +214,10 @@ class LLMEngine:
     def _run(self) -> None:
         stalled = False
         while self._apply_commands(wait=stalled or not self.scheduler.has_work):
-            self._queued_prefill_tokens = self._count_queued_prefill_tokens()
+            self._take_load_reading()
+            if self._admitted:
+                self._admitted = False
+                self.on_admitted()
             stalled = False
             if self.scheduler.has_work:
                 try:
@@ -215,17 +226,33 @@ class LLMEngine:
                     log.exception("engine step failed; failing every request in flight")
                     self._fail_all(f"engine step failed: {exc}")
             self._publish_events()
-            self._queued_prefill_tokens = self._count_queued_prefill_tokens()
+            self._take_load_reading()
 
-    def _count_queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
-        prompts (their cache hits are known only once they are admitted)."""
-        running = sum(
-            seq.num_prompt_tokens - seq.num_computed_tokens
-            for seq in self.scheduler.running
-            if seq.num_computed_tokens < seq.num_prompt_tokens
+    def _take_load_reading(self) -> None:
+        """Prompt tokens still to compute (what is left of running prefills, and whole waiting prompts:
+        their cache hits are known only once admitted), and the block hashes of those prompts."""
+        prefilling = [seq for seq in self.scheduler.running if seq.num_computed_tokens < seq.num_prompt_tokens]
+        queued = [*prefilling, *self.scheduler.waiting]
+        self._queued_prefill_tokens = sum(seq.num_prompt_tokens - seq.num_computed_tokens for seq in prefilling) + sum(
+            seq.num_uncomputed_tokens for seq in self.scheduler.waiting
         )
-        return running + sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
+        self._pending_prefixes = [self._prompt_block_hashes(seq) for seq in queued]
+
+    def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
+        request = self._requests[seq.seq_id]
+        if request.prompt_hashes is None:
+            block_manager = self.block_manager
+            full_blocks = seq.num_prompt_tokens // block_manager.block_size
+            if len(seq.block_hashes) < full_blocks:
+                extend_block_hashes(
+                    seq.block_hashes,
+                    seq.prompt_token_ids,
+                    block_manager.block_size,
+                    block_manager.model_name,
+                    seq.cache_salt,
+                )
+            request.prompt_hashes = [hash_to_bytes(block_hash) for block_hash in seq.block_hashes[:full_blocks]]
+        return request.prompt_hashes
 
     def _apply_commands(self, wait: bool) -> bool:
         """Run queued commands, first waiting for one if ``wait``; False once asked to stop."""
@@ -243,6 +270,7 @@ class LLMEngine:
     def _add(self, request: _Request) -> None:
         self._requests[request.seq.seq_id] = request
         self.scheduler.add(request.seq)
+        self._admitted = True
 
     def _abort(self, seq_id: int) -> None:
         request = self._requests.pop(seq_id, None)

@@ -1,4 +1,5 @@
-"""Pushes the engine's load to every gateway: a ZMQ PUB socket, one message every ``interval_s``.
+"""Pushes the engine's load to every gateway: a ZMQ PUB socket, one message every ``interval_s``
+and one as soon as new requests are queued.
 
 Each message is one msgpack ``ReplicaLoad`` (protocol/replica_stats.py) in a single frame, so a
 subscriber may keep only the latest (ZMQ_CONFLATE). Load rides a socket of its own rather than
@@ -31,18 +32,26 @@ class LoadPublisher:
         self._read_load = read_load
         self.interval_s = interval_s
         self._stopping = threading.Event()
+        self._nudged = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-publisher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def nudge(self) -> None:
+        """Publish now rather than at the next tick (new requests queued: other gateways should know)."""
+        self._nudged.set()
+
     def stop(self) -> None:
         self._stopping.set()
+        self._nudged.set()
         if self._thread.is_alive():
             self._thread.join()
         self._socket.close()
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.interval_s):
+        while not self._stopping.is_set():
+            self._nudged.wait(self.interval_s)
+            self._nudged.clear()
             with contextlib.suppress(zmq.Again):
                 self._socket.send(encode_load(self._read_load()), zmq.NOBLOCK)

@@ -109,6 +109,7 @@ class Gateway:
         self.telemetry.metrics.register(LimiterCollector(self.tenants.limiter))
         await self.tenants.limiter.start()
         self.pool.on_change(self.sync_router_capacity)
+        self.pool.on_pending = self.router.tracker.record_pending
         await self.router.start()
         await self.pool.start(self.session)
 

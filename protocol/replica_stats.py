@@ -25,6 +25,11 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """Fraction of KV blocks held by requests (0 to 1)."""
     prefill_tokens_per_s: float | None = None
     """Measured prefill rate (a moving average); None before the first prefill."""
+    pending_prefixes: list[list[bytes]] = []
+    """Block hashes (kvgate's, 16 bytes, from the root) of the full prompt blocks of each request
+    not yet prefilled: blocks the replica is about to cache. Every gateway treats them as soon to
+    be cached there, so gateways that route the same new prefix at once agree on the replica
+    before its KV events exist. Bundled engine only; empty in /stats."""
 
 
 class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
@@ -58,6 +63,7 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
             queued_prefill_tokens=self.queued_prefill_tokens,
             kv_cache_usage=self.kv_cache_usage,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
+            pending_prefixes=self.pending_prefixes,
         )
 
 

@@ -4,6 +4,7 @@ its Prometheus /metrics (vLLM), each turned into one ``ReplicaLoad``."""
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import zmq
@@ -24,9 +25,13 @@ VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 class LoadFeed:
     """An asyncio task that reads a replica's load socket (ZMQ SUB, latest message only) into its view."""
 
-    def __init__(self, endpoint: str, view: LoadView) -> None:
+    def __init__(
+        self, endpoint: str, view: LoadView, on_pending: Callable[[list[list[bytes]]], None] = lambda chains: None
+    ) -> None:
         self.endpoint = endpoint
         self.view = view
+        self.on_pending = on_pending
+        """Takes each report's ``pending_prefixes`` (blocks the replica is about to cache)."""
         self.received = 0
         self.bad_messages = 0
         self._task: asyncio.Task[None] | None = None
@@ -56,6 +61,8 @@ class LoadFeed:
                     continue
                 self.received += 1
                 self.view.on_report(report)
+                if report.pending_prefixes:
+                    self.on_pending(report.pending_prefixes)
         finally:
             socket.close()
 

@@ -157,6 +157,8 @@ class BackendPool:
         self._listeners: list[Callable[[], None]] = []
         self._checker: asyncio.Task | None = None
         self._started = False
+        self.on_pending: Callable[[str, list[list[bytes]]], None] = lambda name, chains: None
+        """Takes the prefixes a replica says it is about to cache (its load socket's ``pending_prefixes``)."""
 
     @classmethod
     def from_specs(cls, specs: list[tuple[BackendSpec, str]], health: HealthConfig) -> "BackendPool":
@@ -241,7 +243,8 @@ class BackendPool:
             await backend.feed.stop()
             backend.feed = None
         if endpoint is not None and backend.feed is None:
-            backend.feed = LoadFeed(endpoint, backend.load)
+            name = backend.name
+            backend.feed = LoadFeed(endpoint, backend.load, lambda chains: self.on_pending(name, chains))
             backend.feed.start()
 
     async def _check_forever(self, session: aiohttp.ClientSession) -> None:

@@ -6,7 +6,9 @@ Per replica, one of two modes:
 - precise (``kv_events: tcp://...``): the replica's KV events drive the index. Between routing a
   request and its BlockStored events arriving, its blocks are speculative entries in a second,
   short-lived index (``speculative_ttl_s``), so a burst of same-prefix requests is not
-  scattered. Salted requests on engines that do not speak kvgate hashes rely on these alone.
+  scattered. A bundled engine also announces the prompts it has queued (on its load socket);
+  they become speculative entries too, so a burst spread over several gateways is not scattered
+  either. Salted requests on engines that do not speak kvgate hashes rely on these alone.
 
 Host tiers (precise mode): blocks a replica's events place in host memory (medium "CPU") still
 match, but ``priced_cached`` weighs them at ``host_hit_cost`` of a recompute, so routing sees a
@@ -84,6 +86,15 @@ class CacheTracker:
     def record_routed(self, hashes: list[int], replica: str) -> None:
         target = self.speculative if self.is_precise(replica) else self.index
         target.insert(replica, hashes, self._clock())
+
+    def record_pending(self, replica: str, chains: list[list[bytes]]) -> None:
+        """The replica says it is about to cache these prompts' blocks (kvgate hashes, from the root):
+        speculative entries until its KV events confirm them, as if this gateway had routed them there."""
+        if replica not in self._specs or not self.is_precise(replica):
+            return
+        now = self._clock()
+        for chain in chains:
+            self.speculative.insert(replica, [int.from_bytes(block_hash, "big") for block_hash in chain], now)
 
     def record_failed(self, hashes: list[int], replica: str, matched_before: int) -> None:
         """Undo ``record_routed`` for blocks the replica did not have before the failed request."""

@@ -1,0 +1,64 @@
+"""A replica's load as one gateway sees it: its report plus this gateway's requests, each counted once."""
+
+from gateway.backends.load_view import COVER_GRACE_S, LoadNow, LoadView
+from protocol.replica_stats import ReplicaLoad
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def report(running: int, waiting: int, queued: int | None) -> ReplicaLoad:
+    return ReplicaLoad(ts=0.0, running=running, waiting=waiting, queued_prefill_tokens=queued)
+
+
+def test_without_a_report_the_view_is_this_gateways_own() -> None:
+    view = LoadView(1.0, Clock())
+    view.on_sent(300)
+    assert view.now() == LoadNow(1, 0, 300)
+
+
+def test_a_request_is_counted_once_across_reports() -> None:
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    view.on_report(report(2, 0, 0))
+    sent = view.on_sent(300)
+    assert view.now() == LoadNow(2, 1, 300), "sent after the report: on top of it"
+    clock.now += COVER_GRACE_S * 2
+    view.on_report(report(3, 0, 300))
+    assert view.now() == LoadNow(3, 0, 300), "the new report counts it: not twice"
+    view.on_prefilled(sent)
+    assert view.now() == LoadNow(3, 0, 0), "its prefill is done: off the report's queue until the next"
+    view.on_finished(sent)
+    assert view.now() == LoadNow(2, 0, 0)
+    view.on_report(report(2, 0, 0))
+    assert view.now() == LoadNow(2, 0, 0)
+
+
+def test_a_request_sent_just_before_a_report_is_not_assumed_in_it() -> None:
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    view.on_sent(100)
+    clock.now += COVER_GRACE_S / 2
+    view.on_report(report(0, 0, 0))
+    assert view.now() == LoadNow(0, 1, 100)
+
+
+def test_a_stale_report_falls_back_to_own_accounting() -> None:
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    view.on_report(report(5, 5, 5000))
+    view.on_sent(40)
+    clock.now += 2.0
+    assert view.now() == LoadNow(1, 0, 40)
+
+
+def test_vllm_reports_without_queued_tokens_use_own_prefill() -> None:
+    view = LoadView(1.0, Clock())
+    view.on_report(report(4, 2, None))
+    view.on_sent(70)
+    assert view.now() == LoadNow(4, 3, 70)
