@@ -33,7 +33,14 @@ def _wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
 def _start_up(tmp_path: Path) -> tuple[ManagedProcess, list[int]]:
     port = free_port()
     engines = [
-        {"name": f"sim-{i}", "port": free_port(), "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"]}
+        {
+            "name": f"sim-{i}",
+            "port": free_port(),
+            "kv_events_port": free_port(),
+            "kv_events_replay_port": free_port(),
+            "load_events_port": free_port(),
+            "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"],
+        }
         for i in range(2)
     ]
     config_path = tmp_path / "config.yaml"
@@ -53,6 +60,11 @@ def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
         )
         assert reply.status == 200 and reply.headers["x-kvgate-backend"] in {"sim-0", "sim-1"}
         assert sorted(http("GET", f"{up.url}/health").json()["healthy_backends"]) == ["sim-0", "sim-1"]
+        stats = http("GET", f"{up.url}/dashboard/stats.json").json()
+        assert isinstance(stats, dict)
+        assert all(replica["load_reported"] for replica in stats["replicas"]), "load sockets not wired"
+        kv_events = stats["prefix_index"]["index"]["kv_events"]
+        assert all(kv_events[name]["replays"] >= 1 for name in ("sim-0", "sim-1")), "replay sockets not wired"
         os.kill(up.proc.pid, signal.SIGTERM)
         assert up.proc.wait(30) == 0
         assert _wait_gone(engines) == []
