@@ -80,10 +80,10 @@ class KVEventPublisher:
             return
         batch = frames(self.topic, self._sequence, EventBatch(time.time(), events))
         self._socket.send_multipart(batch)
-        if self._replay is not None:
-            with self._lock:
+        with self._lock:
+            if self._replay is not None:
                 self._buffer.append((self._sequence, batch[-1]))
-        self._sequence += 1
+            self._sequence += 1
 
     def close(self) -> None:
         if self._replay is not None:
@@ -110,6 +110,8 @@ class _ReplayServer:
     def __init__(self, context: "zmq.Context[zmq.Socket[bytes]]", endpoint: str, publisher: KVEventPublisher) -> None:
         self._socket = context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 0)
+        """A ROUTER drops what exceeds its high-water mark: a replay of the whole buffer must not."""
         self._socket.bind(endpoint)
         self._publisher = publisher
         self._stopping = threading.Event()

@@ -101,14 +101,17 @@ async def read_vllm_load(
 
 
 def _gauges(text: str) -> dict[str, float]:
-    """Each vLLM load gauge summed over its label sets (data-parallel ranks, models)."""
-    wanted = {VLLM_RUNNING, VLLM_WAITING, *VLLM_KV_USAGE}
-    sums: dict[str, float] = {}
+    """vLLM's load gauges over their label sets (data-parallel ranks, models): request counts
+    summed, KV usage the highest."""
+    gauges: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted:
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return sums
+            name = sample.name
+            if name in (VLLM_RUNNING, VLLM_WAITING):
+                gauges[name] = gauges.get(name, 0.0) + sample.value
+            elif name in VLLM_KV_USAGE:
+                gauges[name] = max(gauges.get(name, 0.0), sample.value)
+    return gauges
 
 
 async def _get(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> bytes | None:

@@ -1,0 +1,58 @@
+"""A vLLM backend's load comes from its Prometheus /metrics at each health check."""
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from gateway.backends.pool import BackendPool
+from gateway.config import BackendSpec, HealthConfig
+from tests.procs import free_port
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+"""
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=VLLM_METRICS, content_type="text/plain")
+
+
+def test_vllm_metrics_give_the_replicas_total_load() -> None:
+    asyncio.run(scenario())
+
+
+async def scenario() -> None:
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    pool = BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
+    try:
+        async with aiohttp.ClientSession() as session:
+            await pool.check_all(session)
+        backend = pool.backends["vllm"]
+        with backend.occupy(prefill_tokens=120, kv_blocks=0):
+            state = backend.state()
+            assert (state.num_running, state.num_waiting) == (5, 5), "4 waiting there, and this gateway's new one"
+            assert state.queued_prefill_tokens == 120, "vLLM does not report queued prompt tokens: own ones only"
+            assert state.kv_usage == 0.5
+    finally:
+        await runner.cleanup()
