@@ -110,8 +110,7 @@ class _ReplayServer:
     def __init__(self, context: "zmq.Context[zmq.Socket[bytes]]", endpoint: str, publisher: KVEventPublisher) -> None:
         self._socket = context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, 0)
-        """A ROUTER drops what exceeds its high-water mark: a replay of the whole buffer must not."""
+        self._socket.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what exceeds it; a whole-buffer replay must not
         self._socket.bind(endpoint)
         self._publisher = publisher
         self._stopping = threading.Event()
