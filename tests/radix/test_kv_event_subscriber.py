@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 import zmq
+import zmq.asyncio
 
 from radix.hashing import block_hashes, hash_to_bytes
-from radix.kv_event_format import BlockRemoved, BlockStored, EventBatch, frames
+from radix.kv_event_format import BlockRemoved, BlockStored, EventBatch, encode_batch, frames
 from radix.kv_event_ingest import KVEventApplier
-from radix.kv_event_subscriber import KVEventSubscriber
+from radix.kv_event_subscriber import END_SEQ, KVEventSubscriber
 from radix.prefix_index import PrefixIndex
 from tests.procs import free_port
 
@@ -98,3 +99,46 @@ async def test_garbage_is_counted_and_a_restart_clears_the_replica(publisher: tu
     await until(lambda: subscriber.restarts == 1)
     assert index.blocks("r") == 0
     await subscriber.stop()
+
+
+async def test_a_sequence_gap_is_replayed_from_the_replay_socket(publisher: tuple[zmq.Socket, str]) -> None:
+    """vLLM's replay shape: DEALER sends the start sequence; ROUTER answers batches, then END_SEQ."""
+    socket, endpoint = publisher
+    replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(replay_endpoint)
+    prompts = {seq: [seq * 1000 + i for i in range(32)] for seq in (1, 2, 3)}
+
+    def batch(seq: int) -> EventBatch:
+        hashes = block_hashes(prompts[seq], BLOCK, MODEL)
+        return EventBatch(time.time(), [BlockStored([hash_to_bytes(h) for h in hashes], None, prompts[seq], BLOCK)])
+
+    buffered: dict[int, EventBatch] = {}
+
+    async def serve() -> None:
+        while True:
+            client, delimiter, start = await router.recv_multipart()
+            for seq in sorted(s for s in buffered if s >= int.from_bytes(start, "big")):
+                await router.send_multipart([client, delimiter, seq.to_bytes(8, "big"), encode_batch(buffered[seq])])
+            await router.send_multipart([client, delimiter, END_SEQ, b""])
+
+    server = asyncio.get_running_loop().create_task(serve())
+    index = PrefixIndex()
+    index.add_replica("r")
+    subscriber = KVEventSubscriber(endpoint, KVEventApplier(index, "r", MODEL, BLOCK), replay_endpoint=replay_endpoint)
+    subscriber.start()
+    try:
+        first = EventBatch(time.time(), [BlockRemoved([b"probe"])])
+        while subscriber.received == 0:
+            socket.send_multipart(frames("kv-events", 0, first))
+            await asyncio.sleep(0.02)
+        buffered.update({seq: batch(seq) for seq in (1, 2)})
+        socket.send_multipart(frames("kv-events", 3, batch(3)))
+        await until(lambda: all(index.match(block_hashes(prompts[seq], BLOCK, MODEL)) for seq in (1, 2, 3)))
+        assert subscriber.lost_batches == 0 and subscriber.replay_failures == 0
+        assert subscriber.replayed_batches == 2 and subscriber.restarts == 0
+    finally:
+        await subscriber.stop()
+        server.cancel()
+        router.close()
