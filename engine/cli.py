@@ -278,6 +278,7 @@ def build_server(config: EngineConfig) -> EngineServer:
     if config.load_events:
         load_publisher = LoadPublisher(config.load_events, engine.load, config.load_events_interval_s)
         engine.on_admitted = load_publisher.nudge
+        engine.announce_prompts = True
     return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len, load_publisher)
 
 

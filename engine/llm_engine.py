@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -64,8 +65,6 @@ class _Request:
     outputs: asyncio.Queue[RequestOutput]
     cache_lookup_counted: bool = False
     last_token_time: float | None = None
-    prompt_hashes: list[bytes] | None = None
-    """Block hashes of the prompt's full blocks, as the load socket announces them (computed once)."""
 
 
 class LLMEngine:
@@ -93,8 +92,11 @@ class LLMEngine:
         self._prefill_tokens = 0.0
         self._prefill_seconds = 0.0
         self._queued_prefill_tokens = 0
-        self._pending_prefixes: list[list[bytes]] = []
-        self._admitted = False
+        self._announced: deque[list[bytes]] = deque()
+        """Block hashes of the prompts queued since the load socket last read them (engine thread
+        appends, publisher thread takes: a deque's append and popleft are thread-safe)."""
+        self.announce_prompts = False
+        """Set by the load socket, the only reader of announcements."""
         self.on_admitted: Callable[[], None] = lambda: None
         """Called on the engine thread when new requests are queued (the load publisher sends at once)."""
         if publisher is not None:
@@ -180,7 +182,7 @@ class LLMEngine:
             queued_prefill_tokens=self._queued_prefill_tokens,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate(),
-            pending_prefixes=self._pending_prefixes,
+            pending_prefixes=self._take_announced(),
         )
 
     def stats(self) -> ReplicaStats:
@@ -214,9 +216,9 @@ class LLMEngine:
     def _run(self) -> None:
         stalled = False
         while self._apply_commands(wait=stalled or not self.scheduler.has_work):
+            announced = len(self._announced)
             self._take_load_reading()
-            if self._admitted:
-                self._admitted = False
+            if announced:
                 self.on_admitted()
             stalled = False
             if self.scheduler.has_work:
@@ -229,30 +231,34 @@ class LLMEngine:
             self._take_load_reading()
 
     def _take_load_reading(self) -> None:
-        """Prompt tokens still to compute (what is left of running prefills, and whole waiting prompts:
-        their cache hits are known only once admitted), and the block hashes of those prompts."""
-        prefilling = [seq for seq in self.scheduler.running if seq.num_computed_tokens < seq.num_prompt_tokens]
-        queued = [*prefilling, *self.scheduler.waiting]
-        self._queued_prefill_tokens = sum(seq.num_prompt_tokens - seq.num_computed_tokens for seq in prefilling) + sum(
-            seq.num_uncomputed_tokens for seq in self.scheduler.waiting
+        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
+        prompts (their cache hits are known only once admitted)."""
+        prefilling = sum(
+            seq.num_prompt_tokens - seq.num_computed_tokens
+            for seq in self.scheduler.running
+            if seq.num_computed_tokens < seq.num_prompt_tokens
         )
-        self._pending_prefixes = [self._prompt_block_hashes(seq) for seq in queued]
+        self._queued_prefill_tokens = prefilling + sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
 
-    def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
-        request = self._requests[seq.seq_id]
-        if request.prompt_hashes is None:
-            block_manager = self.block_manager
-            full_blocks = seq.num_prompt_tokens // block_manager.block_size
-            if len(seq.block_hashes) < full_blocks:
-                extend_block_hashes(
-                    seq.block_hashes,
-                    seq.prompt_token_ids,
-                    block_manager.block_size,
-                    block_manager.model_name,
-                    seq.cache_salt,
-                )
-            request.prompt_hashes = [hash_to_bytes(block_hash) for block_hash in seq.block_hashes[:full_blocks]]
-        return request.prompt_hashes
+    def _take_announced(self) -> list[list[bytes]]:
+        announced = []
+        while self._announced:
+            announced.append(self._announced.popleft())
+        return announced
+
+    def _announce(self, seq: Sequence) -> None:
+        """Queue the hashes of the prompt's full blocks for the load socket: blocks about to be cached here."""
+        block_manager = self.block_manager
+        full_blocks = seq.num_prompt_tokens // block_manager.block_size
+        if full_blocks:
+            extend_block_hashes(
+                seq.block_hashes,
+                seq.prompt_token_ids,
+                block_manager.block_size,
+                block_manager.model_name,
+                seq.cache_salt,
+            )
+            self._announced.append([hash_to_bytes(block_hash) for block_hash in seq.block_hashes[:full_blocks]])
 
     def _apply_commands(self, wait: bool) -> bool:
         """Run queued commands, first waiting for one if ``wait``; False once asked to stop."""
@@ -270,7 +276,8 @@ class LLMEngine:
     def _add(self, request: _Request) -> None:
         self._requests[request.seq.seq_id] = request
         self.scheduler.add(request.seq)
-        self._admitted = True
+        if self.announce_prompts:
+            self._announce(request.seq)
 
     def _abort(self, seq_id: int) -> None:
         request = self._requests.pop(seq_id, None)

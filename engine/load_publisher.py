@@ -1,11 +1,11 @@
 """Pushes the engine's load to every gateway: a ZMQ PUB socket, one message every ``interval_s``
 and one as soon as new requests are queued.
 
-Each message is one msgpack ``ReplicaLoad`` (protocol/replica_stats.py) in a single frame, so a
-subscriber may keep only the latest (ZMQ_CONFLATE). Load rides a socket of its own rather than
+Each message is one msgpack ``ReplicaLoad`` (protocol/replica_stats.py) in a single frame. Load rides a socket of its own rather than
 the KV-event stream: that stream keeps vLLM's exact format (consumers built for vLLM decode its
-events strictly), and load is a latest-value signal where a lost message costs nothing, while a
-lost KV event costs a replay.
+events strictly), and load is a latest-value signal where a lost message costs little, while a
+lost KV event costs a replay. Each message also announces the prompts queued since the one
+before (``pending_prefixes``), so every gateway knows the prefixes the replica is about to cache.
 """
 
 import contextlib
@@ -27,7 +27,6 @@ class LoadPublisher:
     ) -> None:
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, 16)
         self._socket.bind(endpoint)
         self._read_load = read_load
         self.interval_s = interval_s

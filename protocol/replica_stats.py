@@ -27,9 +27,9 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """Measured prefill rate (a moving average); None before the first prefill."""
     pending_prefixes: list[list[bytes]] = []
     """Block hashes (kvgate's, 16 bytes, from the root) of the full prompt blocks of each request
-    not yet prefilled: blocks the replica is about to cache. Every gateway treats them as soon to
-    be cached there, so gateways that route the same new prefix at once agree on the replica
-    before its KV events exist. Bundled engine only; empty in /stats."""
+    queued since the previous message: blocks the replica is about to cache. Every gateway holds
+    them as soon to be cached there, so gateways that route the same new prefix at once agree on
+    the replica before its KV events exist. Load socket of the bundled engine only."""
 
 
 class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):

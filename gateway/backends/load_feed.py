@@ -23,7 +23,8 @@ VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 class LoadFeed:
-    """An asyncio task that reads a replica's load socket (ZMQ SUB, latest message only) into its view."""
+    """An asyncio task that reads a replica's load socket (ZMQ SUB) into its view, every message in order
+    (each carries the prompts queued since the one before)."""
 
     def __init__(
         self, endpoint: str, view: LoadView, on_pending: Callable[[list[list[bytes]]], None] = lambda chains: None
@@ -39,7 +40,6 @@ class LoadFeed:
     def start(self) -> None:
         socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.CONFLATE, 1)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.connect(self.endpoint)
         self._task = asyncio.get_running_loop().create_task(self._read(socket), name=f"load {self.endpoint}")
