@@ -126,7 +126,18 @@ class KvgateConfig(ConfigSection):
         ]
         if without_events:
             raise ValueError(f"kv_events_replay needs kv_events; missing on: {', '.join(without_events)}")
+        self._require_precise_mode_when_shared()
         return self
+
+    def _require_precise_mode_when_shared(self) -> None:
+        """Several gateways (``shared_state``) route as one only on the replicas' KV events: predicted
+        entries are each gateway's guesses from the 1/G of the traffic it routes (docs/routing.md)."""
+        predicted = [backend.name for backend in self.backends if not backend.kv_events]
+        if self.shared_state is not None and predicted:
+            raise ValueError(
+                "several gateways (shared_state) need precise mode: set kv_events on every backend; "
+                f"missing on: {', '.join(predicted)} (see docs/routing.md, several gateways)"
+            )
 
     def backend_model(self, backend: BackendSpec) -> str:
         return backend.model or self.model

@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 import yaml
 
-from tests.procs import ManagedProcess, start_engine, start_gateway
+from tests.procs import ManagedProcess, free_port, start_engine, start_gateway
 
 MODEL = "smollm2-135m"
 SLOW_SIM = ("--sim", "--sim-preset", "instant", "--sim-decode-base-s", "0.02")
@@ -23,6 +23,25 @@ def start_engines(tmp_path: Path, count: int, *flags: str) -> list[ManagedProces
     """``count`` engines started in parallel (each takes seconds to load its tokenizer)."""
     with ThreadPoolExecutor(count) as pool:
         return list(pool.map(lambda index: start_engine(tmp_path, *flags, name=f"engine{index}"), range(count)))
+
+
+def start_publishing_engines(tmp_path: Path, count: int, *flags: str) -> tuple[list[ManagedProcess], list[str]]:
+    """``count`` engines publishing KV events, and their endpoints: several gateways need precise mode."""
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(count)]
+    with ThreadPoolExecutor(count) as pool:
+        engines = pool.map(
+            lambda index: start_engine(tmp_path, *flags, "--kv-events", endpoints[index], name=f"engine{index}"),
+            range(count),
+        )
+        return list(engines), endpoints
+
+
+def precise_backends(engines: list[ManagedProcess], kv_events: list[str]) -> list[dict[str, str]]:
+    """Backends e0, e1, ... that the gateway follows by their KV events."""
+    return [
+        {"name": f"e{index}", "url": engine.url, "kv_events": endpoint}
+        for index, (engine, endpoint) in enumerate(zip(engines, kv_events, strict=True))
+    ]
 
 
 def gateway_config(port: int, engines: list[ManagedProcess], **sections: Any) -> dict[str, Any]:

@@ -14,7 +14,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.gateway_cluster import SLOW_SIM, chat, gateway_config, get_json, post, running, start_engines, write_config
+from tests.gateway_cluster import (
+    SLOW_SIM,
+    chat,
+    gateway_config,
+    get_json,
+    post,
+    precise_backends,
+    running,
+    start_publishing_engines,
+    write_config,
+)
 from tests.procs import ManagedProcess, free_port, start_gateway
 from tests.redis_server import RedisServer
 
@@ -40,20 +50,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp_path = tmp_path_factory.mktemp("shared-limits")
     redis = RedisServer(tmp_path).start()
     try:
+        engines, kv_events = start_publishing_engines(tmp_path, 2, *SLOW_SIM)
         with (
-            running(start_engines(tmp_path, 2, *SLOW_SIM)) as engines,
-            running(start_gateways(tmp_path, engines, redis.url)) as gateways,
+            running(engines),
+            running(start_gateways(tmp_path, precise_backends(engines, kv_events), redis.url)) as gateways,
         ):
             yield Fleet(redis, gateways)
     finally:
         redis.stop()
 
 
-def start_gateways(tmp_path: Path, engines: list[ManagedProcess], redis_url: str) -> list[ManagedProcess]:
+def start_gateways(tmp_path: Path, backends: list[dict[str, str]], redis_url: str) -> list[ManagedProcess]:
     def start(index: int) -> ManagedProcess:
         on_unavailable = "reject" if index == 2 else "local"
         shared_state = {"redis_url": redis_url, "lease_s": LEASE_S, "on_unavailable": on_unavailable}
-        config = gateway_config(free_port(), engines, tenants=TENANTS, shared_state=shared_state)
+        config = gateway_config(free_port(), [], backends=backends, tenants=TENANTS, shared_state=shared_state)
         folder = tmp_path / f"g{index}"
         folder.mkdir()
         return start_gateway(folder, write_config(folder / "gateway.yaml", config), config["listen"]["port"])

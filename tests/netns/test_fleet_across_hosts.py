@@ -16,21 +16,28 @@ from tests.gateway_cluster import MODEL, SLOW_SIM, chat
 from tests.netns.lan import Host, lan, require_netns
 from tests.redis_server import RedisServer, require_redis
 
-ENGINE_PORT, GATEWAY_PORT, REDIS_PORT = 8100, 8000, 6379
+ENGINE_PORT, GATEWAY_PORT, REDIS_PORT, KV_EVENTS_PORT = 8100, 8000, 6379, 5557
 """Each host has its own port space, so fixed ports cannot collide."""
 CAP = 2
 
 
 def start_engine(host: Host, tmp_path: Path) -> Process:
     command = host.command(sys.executable, "-m", "gateway.cli", "engine", "--host", host.address)
-    return launch([*command, "--port", str(ENGINE_PORT), *SLOW_SIM], ENGINE_PORT, tmp_path / "engine.log")
+    flags = ["--port", str(ENGINE_PORT), "--kv-events", f"tcp://{host.address}:{KV_EVENTS_PORT}", *SLOW_SIM]
+    return launch([*command, *flags], ENGINE_PORT, tmp_path / "engine.log")
 
 
 def start_gateway(host: Host, engine: Host, redis: RedisServer, tmp_path: Path) -> Process:
     config = {
         "listen": {"host": host.address, "port": GATEWAY_PORT},
         "model": MODEL,
-        "backends": [{"name": "remote", "url": f"http://{engine.address}:{ENGINE_PORT}"}],
+        "backends": [
+            {
+                "name": "remote",
+                "url": f"http://{engine.address}:{ENGINE_PORT}",
+                "kv_events": f"tcp://{engine.address}:{KV_EVENTS_PORT}",
+            }
+        ],
         "health": {"interval_s": 0.5},
         "tenants": [
             {"name": "capped", "api_keys": ["key-capped"], "max_concurrency": CAP},

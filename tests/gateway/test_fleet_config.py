@@ -1,0 +1,46 @@
+"""Config of several gateways: precise mode is required with shared state; engines wire their sockets."""
+
+import pytest
+
+from gateway.config import ConfigError, parse_config
+from gateway.supervisor import engine_command
+
+SHARED = {"redis_url": "redis://127.0.0.1:6379/0"}
+
+
+def test_shared_state_refuses_a_backend_without_kv_events() -> None:
+    backends = [
+        {"name": "precise", "url": "http://a:8100", "kv_events": "tcp://a:5557"},
+        {"name": "guessed", "url": "http://b:8100"},
+    ]
+    with pytest.raises(ConfigError, match="precise mode.*guessed"):
+        parse_config({"backends": backends, "shared_state": SHARED}, "fleet")
+    assert parse_config({"backends": backends}, "one gateway").shared_state is None
+
+
+def test_shared_state_with_every_backend_precise_is_accepted() -> None:
+    backends = [{"name": "a", "url": "http://a:8100", "kv_events": "tcp://a:5557"}]
+    assert parse_config({"backends": backends, "shared_state": SHARED}, "fleet").shared_state is not None
+
+
+def test_a_replay_endpoint_needs_kv_events() -> None:
+    with pytest.raises(ConfigError, match="kv_events_replay needs kv_events"):
+        parse_config({"backends": [{"name": "a", "url": "http://a", "kv_events_replay": "tcp://a:1"}]}, "bad")
+
+
+def test_kvgate_up_wires_replay_and_load_sockets() -> None:
+    engine = {"port": 8101, "kv_events_port": 5557, "kv_events_replay_port": 5567, "load_events_port": 5577}
+    config = parse_config({"engines": [engine]}, "up")
+    (backend,) = config.backends
+    assert (backend.kv_events, backend.kv_events_replay, backend.load_events) == (
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:5567",
+        "tcp://127.0.0.1:5577",
+    )
+    command = engine_command(config, config.engines[0])
+    for flag, endpoint in [
+        ("--kv-events", "tcp://127.0.0.1:5557"),
+        ("--kv-events-replay", "tcp://127.0.0.1:5567"),
+        ("--load-events", "tcp://127.0.0.1:5577"),
+    ]:
+        assert command[command.index(flag) + 1] == endpoint
