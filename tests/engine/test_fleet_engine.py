@@ -13,9 +13,12 @@ import orjson
 import pytest
 import zmq
 
+from engine.block_manager import BlockManager
+from engine.runner_api import SamplingParams
+from engine.sequence import Sequence
 from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
-from radix.kv_event_format import AllBlocksCleared, BlockStored, EventBatch, parse_frames
+from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockStored, EventBatch, parse_frames
 from tests.procs import ManagedProcess, free_port, start_engine
 
 MODEL = "smollm2-135m"
@@ -176,3 +179,31 @@ def post_json(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return orjson.loads(response.read())
+
+
+def test_snapshot_holds_every_cached_block_on_both_tiers_least_recent_first() -> None:
+    manager = BlockManager(num_blocks=4, block_size=4, model_name=MODEL, host_blocks=8)
+    first = computed(manager, 0, list(range(100, 112)))
+    manager.free(first)
+    second = computed(manager, 1, list(range(200, 212)))
+    stored = manager.snapshot()
+    on_host = [event for event in stored if event.medium == MEDIUM_CPU]
+    on_device = [event for event in stored if event.medium == MEDIUM_GPU]
+    assert len(on_host) == 2 and len(on_device) == 4, "the first prompt's tail went to the host tier"
+    assert stored[: len(on_host)] == on_host, "host blocks are older than device blocks"
+    device_hashes = [event.block_hashes[0] for event in on_device]
+    expected = [hash_to_bytes(h) for h in block_hashes(second.token_ids, 4, MODEL)]
+    assert device_hashes[-3:] == expected[::-1], "blocks in use come last, deepest first"
+    assert all(
+        event.parent_block_hash == expected[index - 1] for index, event in zip((2, 1), on_device[1:3], strict=True)
+    )
+    manager.assert_invariants()
+
+
+def computed(manager: BlockManager, seq_id: int, token_ids: list[int]) -> Sequence:
+    seq = Sequence(seq_id, token_ids, SamplingParams(max_tokens=1), 64)
+    assert manager.allocate(seq)
+    manager.take_transfers()
+    seq.num_computed_tokens = len(token_ids)
+    manager.register_computed_blocks(seq)
+    return seq
