@@ -64,7 +64,7 @@ class Fleet:
             "listen": {"port": port},
             "model": MODEL,
             "backends": backends,
-            "routing": {"policy": "cache_aware", "decode_wait_s_per_request": 0.05},
+            "routing": {"policy": "cache_aware", "decode_wait_s_per_request": 0.05, "ttft_target_s": 10.0},
             "health": {"interval_s": 0.5},
             "observability": {"request_log": False},
         }
