@@ -9,12 +9,13 @@ on a sequence gap it asks for the missing batches.
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, replace
 
 import zmq
 import zmq.asyncio
 
 from radix.kv_event_format import EventBatch, parse_frames
-from radix.kv_event_ingest import KVEventApplier
+from radix.kv_event_ingest import IngestCounters, KVEventApplier
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,23 @@ REPLAY_TIMEOUT_S = 5.0
 """Longest wait for the next message of a replay (a snapshot of a large cache takes a moment)."""
 REPLAY_RETRY_S = 5.0
 """After a failed replay, the next one is tried with the first batch at least this much later."""
+
+
+@dataclass(frozen=True)
+class SubscriberStats:
+    """One replica's KV-event stream as the gateway received it."""
+
+    received: int
+    bad_messages: int
+    lost_batches: int
+    """Batches missed (sequence gaps)."""
+    restarts: int
+    replays: int
+    replayed_batches: int
+    replay_failures: int
+    lag_s: float | None
+    """Age of the latest batch on arrival; None before the first."""
+    ingest: IngestCounters
 
 
 class KVEventSubscriber:
@@ -90,17 +108,18 @@ class KVEventSubscriber:
         """Whether the view is whole: some batch applied and no failed replay outstanding."""
         return self._last_sequence is not None and self._retry_from is None
 
-    def counters(self) -> dict[str, int]:
-        return {
-            "received": self.received,
-            "bad_messages": self.bad_messages,
-            "lost_batches": self.lost_batches,
-            "restarts": self.restarts,
-            "replays": self.replays,
-            "replayed_batches": self.replayed_batches,
-            "replay_failures": self.replay_failures,
-            **self.applier.counters.__dict__,
-        }
+    def stats(self) -> SubscriberStats:
+        return SubscriberStats(
+            received=self.received,
+            bad_messages=self.bad_messages,
+            lost_batches=self.lost_batches,
+            restarts=self.restarts,
+            replays=self.replays,
+            replayed_batches=self.replayed_batches,
+            replay_failures=self.replay_failures,
+            lag_s=self.lag_s,
+            ingest=replace(self.applier.counters),
+        )
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
         try:

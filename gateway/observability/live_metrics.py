@@ -9,7 +9,7 @@ from gateway.admission.queue import AdmissionQueue
 from gateway.backends.circuit_breaker import BreakerState
 from gateway.backends.pool import BackendPool
 from gateway.routing.router import Router
-from radix.kv_event_subscriber import KVEventSubscriber
+from radix.kv_event_subscriber import SubscriberStats
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
@@ -58,39 +58,38 @@ class LiveStateCollector(Collector):
         yield depth
 
     def _router(self) -> Iterator[Metric]:
-        router = self.router
-        stats = router.stats()
-        index, calibration = stats["index"], stats["calibration"]
-        yield GaugeMetricFamily("kvgate_prefix_index_blocks", "Distinct blocks in the prefix index.", index["blocks"])
-        yield GaugeMetricFamily("kvgate_prefix_index_bytes", "Approximate memory of the index.", index["approx_bytes"])
+        stats = self.router.stats()
+        index, calibration = stats.index, stats.calibration
+        yield GaugeMetricFamily("kvgate_prefix_index_blocks", "Distinct blocks in the prefix index.", index.blocks)
+        yield GaugeMetricFamily("kvgate_prefix_index_bytes", "Approximate memory of the index.", index.approx_bytes)
         yield CounterMetricFamily(
-            "kvgate_prefix_index_evictions", "Blocks evicted from the index to respect a capacity.", index["evictions"]
+            "kvgate_prefix_index_evictions", "Blocks evicted from the index to respect a capacity.", index.evictions
         )
         blocks = _gauge("kvgate_prefix_index_replica_blocks", "Blocks the index puts on a backend.", "backend", "kind")
-        for name, replica in index["per_replica"].items():
-            blocks.add_metric([name, "confirmed"], replica["blocks"])
-            blocks.add_metric([name, "speculative"], replica["speculative_blocks"])
+        for name, replica in index.per_replica.items():
+            blocks.add_metric([name, "confirmed"], replica.blocks)
+            blocks.add_metric([name, "speculative"], replica.speculative_blocks)
         yield blocks
-        yield from _kv_events(index["kv_events"], router.tracker.subscribers)
+        yield from _kv_events(index.kv_events)
         yield GaugeMetricFamily(
             "kvgate_prediction_exact_ratio",
             "Share of requests whose predicted cached tokens equal the reported ones.",
-            calibration["exact_fraction"],
+            calibration.exact_fraction,
         )
         yield GaugeMetricFamily(
             "kvgate_prediction_mean_abs_error_tokens",
             "Mean |predicted - reported| cached tokens per request.",
-            calibration["mean_abs_error_tokens"],
+            calibration.mean_abs_error_tokens,
         )
 
 
-def _kv_events(counters: dict[str, dict[str, int]], subscribers: dict[str, KVEventSubscriber]) -> Iterator[Metric]:
+def _kv_events(streams: dict[str, SubscriberStats]) -> Iterator[Metric]:
     received = _counter("kvgate_kv_event_batches", "KV-event batches received.", "backend")
     lost = _counter("kvgate_kv_event_lost_batches", "KV-event batches missed (sequence gaps).", "backend")
     lag = _gauge("kvgate_kv_event_lag_seconds", "Age of a backend's latest KV-event batch on arrival.", "backend")
-    for name, counts in counters.items():
-        received.add_metric([name], counts["received"])
-        lost.add_metric([name], counts["lost_batches"])
-        if subscribers[name].lag_s is not None:
-            lag.add_metric([name], subscribers[name].lag_s)
+    for name, stream in streams.items():
+        received.add_metric([name], stream.received)
+        lost.add_metric([name], stream.lost_batches)
+        if stream.lag_s is not None:
+            lag.add_metric([name], stream.lag_s)
     yield from (received, lost, lag)

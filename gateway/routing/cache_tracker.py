@@ -18,12 +18,34 @@ beyond the device's capacity, so precise replicas are not capped by it in the in
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gateway.routing.config import RoutingConfig
 from gateway.routing.replica_spec import ReplicaSpec
 from radix.kv_event_ingest import KVEventApplier
-from radix.kv_event_subscriber import KVEventSubscriber
+from radix.kv_event_subscriber import KVEventSubscriber, SubscriberStats
 from radix.prefix_index import PrefixIndex
+
+
+@dataclass(frozen=True)
+class ReplicaIndexStats:
+    mode: str
+    """"precise" (KV events) or "predicted" (the router's own guesses)."""
+    blocks: int
+    speculative_blocks: int
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    blocks: int
+    """Distinct blocks in the index."""
+    replica_blocks: int
+    """(block, replica) entries."""
+    approx_bytes: int
+    evictions: int
+    speculative_blocks: int
+    per_replica: dict[str, ReplicaIndexStats]
+    kv_events: dict[str, SubscriberStats]
 
 
 class CacheTracker:
@@ -139,23 +161,23 @@ class CacheTracker:
             await subscriber.stop()
         self.subscribers.clear()
 
-    def stats(self) -> dict[str, object]:
-        return {
-            "blocks": len(self.index),
-            "replica_blocks": self.index.entries,
-            "approx_bytes": self.index.approx_bytes() + self.speculative.approx_bytes(),
-            "evictions": self.index.evictions,
-            "speculative_blocks": self.speculative.entries,
-            "per_replica": {
-                name: {
-                    "mode": "precise" if spec.kv_events else "predicted",
-                    "blocks": self.index.blocks(name),
-                    "speculative_blocks": self.speculative.blocks(name),
-                }
+    def stats(self) -> IndexStats:
+        return IndexStats(
+            blocks=len(self.index),
+            replica_blocks=self.index.entries,
+            approx_bytes=self.index.approx_bytes() + self.speculative.approx_bytes(),
+            evictions=self.index.evictions,
+            speculative_blocks=self.speculative.entries,
+            per_replica={
+                name: ReplicaIndexStats(
+                    mode="precise" if spec.kv_events else "predicted",
+                    blocks=self.index.blocks(name),
+                    speculative_blocks=self.speculative.blocks(name),
+                )
                 for name, spec in self._specs.items()
             },
-            "kv_events": {name: subscriber.counters() for name, subscriber in self.subscribers.items()},
-        }
+            kv_events={name: subscriber.stats() for name, subscriber in self.subscribers.items()},
+        )
 
     def _subscribe(self, spec: ReplicaSpec) -> None:
         assert spec.kv_events is not None

@@ -3,6 +3,15 @@
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class CalibrationStats:
+    count: int
+    exact_fraction: float
+    """Share of requests whose predicted cached tokens equal the reported ones."""
+    mean_abs_error_tokens: float
+    mean_error_tokens: float
+
+
 @dataclass
 class Calibration:
     count: int = 0
@@ -18,11 +27,11 @@ class Calibration:
         self.abs_error_sum += abs(error)
         self.error_sum += error
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> CalibrationStats:
         count = max(self.count, 1)
-        return {
-            "count": self.count,
-            "exact_fraction": self.exact / count if self.count else 0.0,
-            "mean_abs_error_tokens": self.abs_error_sum / count,
-            "mean_error_tokens": self.error_sum / count,
-        }
+        return CalibrationStats(
+            count=self.count,
+            exact_fraction=self.exact / count if self.count else 0.0,
+            mean_abs_error_tokens=self.abs_error_sum / count,
+            mean_error_tokens=self.error_sum / count,
+        )

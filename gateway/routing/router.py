@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.routing.cache_tracker import CacheTracker
-from gateway.routing.calibration import Calibration
+from gateway.routing.cache_tracker import CacheTracker, IndexStats
+from gateway.routing.calibration import Calibration, CalibrationStats
 from gateway.routing.config import RoutingConfig
 from gateway.routing.context import RouteContext, cached_tokens
 from gateway.routing.hash_ring import HashRing
@@ -31,6 +31,15 @@ MAX_PENDING = 65536
 class _Pending:
     matched_blocks: dict[str, int]
     cached: dict[str, int]
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """What the router knows, for metrics and the dashboard (serialised as is)."""
+
+    policy: str
+    index: IndexStats
+    calibration: CalibrationStats
 
 
 class Router:
@@ -105,12 +114,8 @@ class Router:
     def replicas(self) -> list[ReplicaSpec]:
         return list(self._replicas)
 
-    def stats(self) -> dict[str, object]:
-        return {
-            "policy": self.policy.name,
-            "index": self.tracker.stats(),
-            "calibration": self.calibration.summary(),
-        }
+    def stats(self) -> RouterStats:
+        return RouterStats(self.policy.name, self.tracker.stats(), self.calibration.summary())
 
     def _ring_for_model(self, model: str) -> HashRing:
         ring = self._rings.get(model)

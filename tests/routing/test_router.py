@@ -5,7 +5,8 @@ import time
 
 import zmq
 
-from gateway.routing.cache_tracker import CacheTracker
+from gateway.routing.cache_tracker import CacheTracker, ReplicaIndexStats
+from gateway.routing.calibration import CalibrationStats
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
 from radix.hashing import hash_to_bytes
@@ -36,12 +37,9 @@ def test_calibration_compares_prediction_with_reported_cached_tokens() -> None:
         decision = r.route(req, IDLE)
         r.on_routed(req, decision.backend)
         r.on_finished(req, decision.backend, reported, ok=True)
-    assert r.stats()["calibration"] == {
-        "count": 2,
-        "exact_fraction": 0.5,
-        "mean_abs_error_tokens": 160.0,
-        "mean_error_tokens": 160.0,
-    }
+    assert r.stats().calibration == CalibrationStats(
+        count=2, exact_fraction=0.5, mean_abs_error_tokens=160.0, mean_error_tokens=160.0
+    )
 
 
 def test_a_failed_request_takes_back_only_the_blocks_it_added() -> None:
@@ -61,8 +59,8 @@ def test_hot_reload_changes_policy_and_replicas() -> None:
     warm(r, "b", prefix=2)
     specs = [ReplicaSpec(name, MODEL, None, None) for name in ("b", "c", "d")]
     r.update(RoutingConfig(policy="round_robin"), specs)
-    assert r.stats()["policy"] == "round_robin"
-    assert set(r.stats()["index"]["per_replica"]) == {"b", "c", "d"}
+    assert r.stats().policy == "round_robin"
+    assert set(r.stats().index.per_replica) == {"b", "c", "d"}
     assert r.tracker.index.match(request(1).block_hashes) == {}, "a's blocks left with a"
     assert r.tracker.index.match(request(2).block_hashes) == {"b": 60}
     assert r.route(request(2), [state("b"), state("c"), state("d")]).reason == "round-robin"
@@ -71,10 +69,10 @@ def test_hot_reload_changes_policy_and_replicas() -> None:
 def test_stats_report_index_size() -> None:
     r = router()
     warm(r, "a", prefix=1)
-    index = r.stats()["index"]
-    assert index["blocks"] == 64
-    assert index["per_replica"]["a"] == {"mode": "predicted", "blocks": 64, "speculative_blocks": 0}
-    assert 64 * 100 < index["approx_bytes"] < 64 * 300
+    index = r.stats().index
+    assert index.blocks == 64
+    assert index.per_replica["a"] == ReplicaIndexStats(mode="predicted", blocks=64, speculative_blocks=0)
+    assert 64 * 100 < index.approx_bytes < 64 * 300
 
 
 def test_precise_mode_speculative_entries_expire() -> None:
@@ -109,7 +107,7 @@ async def test_precise_mode_routes_on_published_kv_events() -> None:
             await asyncio.sleep(0.02)
         decision = r.route(req, [state("a"), state("b")])
         assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("b", "prefix-hit", 800)
-        assert r.stats()["index"]["per_replica"]["b"]["mode"] == "precise"
+        assert r.stats().index.per_replica["b"].mode == "precise"
     finally:
         await r.stop()
         publisher.close()
