@@ -244,7 +244,7 @@ def check_evictions(gateway: str, vllm: str, model: str, checks: Checklist) -> N
         post(gateway + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
     time.sleep(0.5)
     index = prefix_index(gateway)
-    counters = index["kv_events"][BACKEND]
+    counters = index["kv_events"][BACKEND]["ingest"]
     held = index["per_replica"][BACKEND]["blocks"]
     checks.check(
         counters["blocks_removed"] > 0 and counters["unknown_removals"] == 0 and held <= capacity,
