@@ -61,7 +61,7 @@ class RequestCaps:
             raise _context_exceeded(model, context, prompt_tokens, None)
         room = None if context is None else context - prompt_tokens
         grant = self._grant(caps, requested, default, room)
-        if requested is not None and room is not None and grant.max_tokens > room:
+        if requested is not None and context is not None and grant.max_tokens > context - prompt_tokens:
             raise _context_exceeded(model, context, prompt_tokens, grant.max_tokens)
         return grant
 

@@ -303,6 +303,6 @@ async def _get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.C
 
 def _max_model_len(models: dict | None) -> int | None:
     data = (models or {}).get("data")
-    lengths = [entry.get("max_model_len") for entry in data or [] if isinstance(entry, dict)]
-    lengths = [length for length in lengths if isinstance(length, int) and length > 0]
+    entries = [entry.get("max_model_len") for entry in data or [] if isinstance(entry, dict)]
+    lengths = [length for length in entries if isinstance(length, int) and length > 0]
     return min(lengths) if lengths else None
