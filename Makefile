@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test bench browser redis clean
+.PHONY: install run test lint bench browser redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
-test: install browser redis
+test: install lint browser redis
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Lint, format and type checks (configured in pyproject.toml); any finding fails `make test`.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The dashboard test drives headless Chromium; install it where apt-get can (CI, fresh Debian).
 browser:
