@@ -25,6 +25,7 @@ from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import ModelNotFoundError
 from planner.arch import ModelArch
 from planner.load import load_arch
+from protocol.tracing import configure_tracing, otlp_exporter
 
 log = logging.getLogger("kvgate.engine")
 
@@ -148,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--load-events-interval-s", type=positive_float, default=DEFAULT_INTERVAL_S,
         help="seconds between load messages (default: %(default)s)",
     )  # fmt: skip
+    cache.add_argument(
+        "--otlp-traces-endpoint",
+        help="export OpenTelemetry spans (queue, prefill, decode) over OTLP/HTTP to this URL, e.g. "
+        "http://127.0.0.1:4318/v1/traces (needs opentelemetry-exporter-otlp-proto-http; default: off)",
+    )
 
     batching = parser.add_argument_group("batching")
     batching.add_argument(
@@ -218,6 +224,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         sim_costs=sim_costs,
         sim_host_bandwidth_gbs=args.sim_host_bandwidth_gbs,
         check_invariants=args.check_invariants,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
         log_level=args.log_level,
     )
 
@@ -290,8 +297,10 @@ def main(argv: list[str]) -> int:
     config = config_from_args(args)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if config.otlp_traces_endpoint:
+            configure_tracing("kvgate-engine", otlp_exporter(config.otlp_traces_endpoint))
         server = build_server(config)
-    except (KVBudgetError, ModelNotFoundError, zmq.ZMQError) as exc:
+    except (KVBudgetError, ModelNotFoundError, zmq.ZMQError, RuntimeError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2
     mode = "simulated" if config.sim else f"{config.device}/{config.dtype}"

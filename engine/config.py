@@ -50,6 +50,8 @@ class EngineConfig:
     sim_host_bandwidth_gbs: float | None = None
     """Simulated mode: host-tier copy bandwidth; None keeps the preset's host_copy_per_token_s."""
     check_invariants: bool = False
+    otlp_traces_endpoint: str | None = None
+    """OTLP/HTTP collector URL for the engine's trace spans; None: no export."""
     log_level: str = "INFO"
 
     @property

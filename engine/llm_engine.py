@@ -7,15 +7,17 @@ thread, so they need no locks.
 """
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -23,7 +25,7 @@ from engine.block_manager import BlockManager
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_events import KVEventPublisher, Snapshot
 from engine.metrics import EngineMetrics
-from engine.runner_api import ModelRunner, SamplingParams
+from engine.runner_api import ModelRunner, SamplingParams, TokenLogprobs
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.sequence import Sequence
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
@@ -36,9 +38,19 @@ _PREFILL_RATE_DECAY = 0.9
 """Weight kept by past steps in the measured prefill rate (an exponential moving average)."""
 
 
+@dataclass(frozen=True)
+class RequestTimes:
+    """When a sequence arrived, was first scheduled, produced its first token and finished (monotonic s)."""
+
+    arrival: float
+    scheduled: float
+    first_token: float
+    finished: float
+
+
 @dataclass
 class RequestOutput:
-    """What one step produced for one request: new text and tokens, and counts for ``usage``."""
+    """What one step produced for one of a request's ``n`` sequences (choice ``index``)."""
 
     text: str
     token_ids: list[int]
@@ -48,6 +60,10 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     error: str | None = None
+    index: int = 0
+    logprobs: TokenLogprobs | None = None
+    times: RequestTimes | None = None
+    """Set on a sequence's last output (for the engine's trace spans)."""
 
 
 class EngineError(RuntimeError):
@@ -63,8 +79,13 @@ class _Request:
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     outputs: asyncio.Queue[RequestOutput]
+    index: int = 0
     cache_lookup_counted: bool = False
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
     last_token_time: float | None = None
+    forks: list["_Request"] = field(default_factory=list)
+    """Sibling samples (``n > 1``) added once this one's prompt is in the prefix cache."""
 
 
 class LLMEngine:
@@ -130,28 +151,60 @@ class LLMEngine:
         eos_token_id: int | None,
         cache_salt: str | None = None,
         session: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; closing the iterator early aborts the request.
+        n: int = 1,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the outputs of ``n`` samples of one prompt; closing the iterator early aborts them.
 
-        ``session`` (the request's ``kvgate_session``) asks the block manager to keep this turn's
-        blocks longer than one-shot blocks.
+        The first sample is prefilled alone; the others start once its prompt blocks are in the
+        prefix cache, so they share the prompt's full KV blocks and compute only its tail. A
+        seeded request gives sample ``i`` the seed ``seed + i``, as vLLM does. ``session`` (the
+        request's ``kvgate_session``) asks the block manager to keep this turn's blocks longer
+        than one-shot blocks.
         """
-        seq = Sequence(
-            next(self._seq_ids), prompt_token_ids, sampling, max_total_tokens, cache_salt, eos_token_id, session
-        )
-        request = _Request(seq, IncrementalDetokenizer(self.tokenizer, sampling.stop), asyncio.Queue())
-        self._commands.put(lambda: self._add(request))
-        finished = False
+        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        requests = []
+        for index in range(n):
+            params = (
+                sampling
+                if sampling.seed is None or index == 0
+                else dataclasses.replace(sampling, seed=sampling.seed + index)
+            )
+            seq = Sequence(
+                next(self._seq_ids), prompt_token_ids, params, max_total_tokens, cache_salt, eos_token_id, session
+            )
+            requests.append(_Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), outputs, index))
+        first = requests[0]
+        first.forks = requests[1:]
+        self._commands.put(lambda: self._add(first))
+        remaining = n
         try:
-            while not finished:
-                output = await request.outputs.get()
+            while remaining:
+                output = await outputs.get()
                 if output.error is not None:
                     raise EngineError(output.error)
-                finished = output.finished
+                remaining -= output.finished
                 yield output
         finally:
-            if not finished:
-                self._commands.put(lambda: self._abort(seq.seq_id))
+            if remaining:
+                seq_ids = [request.seq.seq_id for request in requests]
+                self._commands.put(lambda: self._abort_all(seq_ids))
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """The runner's pooled embedding of ``token_ids``, computed on the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[list[float]] = loop.create_future()
+
+        def compute() -> None:
+            try:
+                vector = self.runner.embed(token_ids)
+            except Exception as exc:
+                log.exception("embedding failed")
+                loop.call_soon_threadsafe(_settle, result, None, EngineError(f"embedding failed: {exc}"))
+            else:
+                loop.call_soon_threadsafe(_settle, result, vector, None)
+
+        self._commands.put(compute)
+        return await result
 
     def reset_prefix_cache(self) -> None:
         self._commands.put(self.block_manager.reset_prefix_cache)
@@ -279,6 +332,10 @@ class LLMEngine:
         if self.announce_prompts:
             self._announce(request.seq)
 
+    def _abort_all(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self._abort(seq_id)
+
     def _abort(self, seq_id: int) -> None:
         request = self._requests.pop(seq_id, None)
         if request is not None:
@@ -295,11 +352,19 @@ class LLMEngine:
             self.runner.transfer(step.transfers)
         if not step.chunks:
             return False
+        for seq in step.seqs:
+            request = self._requests[seq.seq_id]
+            if request.scheduled_time is None:
+                request.scheduled_time = started
         sampled = self.runner.execute(step.chunks)
         now = time.monotonic()
         self._record_prefill_rate(step, now - started)
+        logprobs = self.runner.take_logprobs()
         self.scheduler.postprocess(step, sampled)
-        deliveries = [self._advance(seq, token_id, now) for seq, token_id in zip(step.seqs, sampled, strict=False)]
+        deliveries = [
+            self._advance(seq, token_id, now, logprobs.get(seq.seq_id))
+            for seq, token_id in zip(step.seqs, sampled, strict=False)
+        ]
         if self.check_invariants:
             self.block_manager.assert_invariants()
         ready = [delivery for delivery in deliveries if delivery is not None]
@@ -313,7 +378,9 @@ class LLMEngine:
         if self.publisher is not None:
             self.publisher.publish(events)
 
-    def _advance(self, seq: Sequence, token_id: int | None, now: float) -> _Delivery | None:
+    def _advance(
+        self, seq: Sequence, token_id: int | None, now: float, logprobs: TokenLogprobs | None
+    ) -> _Delivery | None:
         request = self._requests[seq.seq_id]
         if not request.cache_lookup_counted:
             request.cache_lookup_counted = True
@@ -325,6 +392,9 @@ class LLMEngine:
             self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
         if token_id is None:
             return None
+        for fork in request.forks:
+            self._add(fork)
+        request.forks = []
         self._observe_latency(request, now)
         request.detokenizer.add_token(token_id)
         if request.detokenizer.stopped:
@@ -344,11 +414,15 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_tokens=seq.num_cached_tokens or 0,
+            index=request.index,
+            logprobs=logprobs,
+            times=_times(request, now) if finished else None,
         )
         return request.outputs, output
 
     def _observe_latency(self, request: _Request, now: float) -> None:
         if request.last_token_time is None:
+            request.first_token_time = now
             self.metrics.time_to_first_token.observe(now - request.seq.arrival_time)
         else:
             self.metrics.inter_token_latency.observe(now - request.last_token_time)
@@ -368,11 +442,28 @@ class LLMEngine:
             seq = request.seq
             self.scheduler.finish(seq)
             self.runner.release(seq_id)
-            output = RequestOutput("", [], True, "error", seq.num_prompt_tokens, seq.num_output_tokens, 0, message)
+            output = RequestOutput(
+                "", [], True, "error", seq.num_prompt_tokens, seq.num_output_tokens, 0, message, request.index
+            )
             failed.append((request.outputs, output))
         self._requests.clear()
         assert self._loop is not None
         self._loop.call_soon_threadsafe(_deliver, failed)
+
+
+def _times(request: _Request, finished: float) -> RequestTimes:
+    arrival = request.seq.arrival_time
+    scheduled = request.scheduled_time or arrival
+    return RequestTimes(arrival, scheduled, request.first_token_time or finished, finished)
+
+
+def _settle(future: "asyncio.Future[Any]", value: Any, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def _deliver(outputs: list[_Delivery]) -> None:

@@ -6,8 +6,9 @@ from engine.attention import AttentionMetadata
 from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
-from engine.runner_api import BlockTransfer, SeqChunk
-from engine.sampler import Sampler
+from engine.pooling import last_token_embedding
+from engine.runner_api import BlockTransfer, SeqChunk, TokenLogprobs
+from engine.sampler import Sampler, apply_penalties, token_logprobs
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
@@ -53,6 +54,7 @@ class TorchModelRunner:
             self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
         self.host_kv: HostKVBuffer | None = self.kv_cache.allocate_host(host_blocks) if host_blocks else None
         self.sampler = Sampler(self.device)
+        self._logprobs: dict[int, TokenLogprobs] = {}
 
     @torch.inference_mode()
     def transfer(self, transfers: list[BlockTransfer]) -> None:
@@ -98,10 +100,28 @@ class TorchModelRunner:
         if sampled_indices:
             logits = self.model.logits(hidden[torch.tensor(last_rows, device=self.device)])
             sampled = [chunks[index] for index in sampled_indices]
-            tokens = self.sampler(logits, [c.sampling for c in sampled], [c.num_generated for c in sampled])
+            adjusted = apply_penalties(logits, sampled)
+            tokens = self.sampler(adjusted, [c.sampling for c in sampled], [c.num_generated for c in sampled])
             for index, token in zip(sampled_indices, tokens, strict=False):
                 results[index] = token
+            self._logprobs = self._logprobs_of(logits, sampled, tokens)
         return results
+
+    def _logprobs_of(self, logits: torch.Tensor, chunks: list[SeqChunk], tokens: list[int]) -> dict[int, TokenLogprobs]:
+        rows = [row for row, chunk in enumerate(chunks) if chunk.sampling.logprobs is not None]
+        if not rows:
+            return {}
+        tops = [chunks[row].sampling.logprobs or 0 for row in rows]
+        found = token_logprobs(logits[torch.tensor(rows, device=self.device)], [tokens[row] for row in rows], tops)
+        return {chunks[row].seq_id: logprobs for row, logprobs in zip(rows, found, strict=True)}
+
+    def take_logprobs(self) -> dict[int, TokenLogprobs]:
+        logprobs, self._logprobs = self._logprobs, {}
+        return logprobs
+
+    @torch.inference_mode()
+    def embed(self, token_ids: list[int]) -> list[float]:
+        return last_token_embedding(self.model, token_ids, self.block_size, self.device)
 
     def release(self, seq_id: int) -> None:
         """Nothing to forget: seeded draws derive from (seed, num_generated), not from kept state."""

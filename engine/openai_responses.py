@@ -1,55 +1,130 @@
-"""OpenAI response bodies for completions and chat completions, whole and as stream chunks."""
+"""OpenAI response bodies for completions and chat completions, whole and as stream chunks.
+
+A request with ``n`` samples has ``n`` choices; usage counts the prompt once and the output of
+every choice. ``cached_tokens`` is the largest cache hit among the samples: the samples after
+the first find the prompt's full blocks in the prefix cache, which is what vLLM reports for the
+same request (its merged output carries the count of a sample scheduled after the first).
+"""
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm_engine import RequestOutput
+from engine.runner_api import TokenLogprobs
+
+TokenText = Callable[[int], str]
+"""The text of one token id, as logprobs name tokens."""
 
 
-def usage(output: RequestOutput) -> dict[str, Any]:
+@dataclass
+class Choice:
+    """One sample's text and logprobs so far, and its last output (for counts and finish)."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    last: RequestOutput | None = None
+
+    def add(self, output: RequestOutput) -> None:
+        self.text.append(output.text)
+        if output.logprobs is not None:
+            self.logprobs.append(output.logprobs)
+        self.last = output
+
+
+def usage(finals: list[RequestOutput]) -> dict[str, Any]:
+    prompt_tokens = finals[0].num_prompt_tokens
+    completion_tokens = sum(output.num_output_tokens for output in finals)
     return {
-        "prompt_tokens": output.num_prompt_tokens,
-        "completion_tokens": output.num_output_tokens,
-        "total_tokens": output.num_prompt_tokens + output.num_output_tokens,
-        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": max(output.num_cached_tokens for output in finals)},
     }
 
 
 @dataclass
 class ResponseShape:
-    """How one endpoint names its objects and places generated text in a choice."""
+    """How one endpoint names its objects and places generated text (and logprobs) in a choice."""
 
     model: str
     chat: bool
+    token_text: TokenText
+    want_logprobs: bool = False
     request_id: str = field(init=False)
     created: int = field(init=False)
+    _text_offsets: dict[int, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.request_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def whole(self, text: str, final: RequestOutput) -> dict[str, Any]:
-        if self.chat:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": final.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
-        return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage(final))
+    def whole(self, choices: list[Choice]) -> dict[str, Any]:
+        bodies = []
+        for index, choice in enumerate(choices):
+            assert choice.last is not None
+            text = "".join(choice.text)
+            logprobs = self._logprobs(index, choice.logprobs)
+            finish = choice.last.finish_reason
+            if self.chat:
+                message = {"role": "assistant", "content": text}
+                bodies.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            else:
+                bodies.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+        finals = [choice.last for choice in choices if choice.last is not None]
+        return self._envelope("chat.completion" if self.chat else "text_completion", bodies, usage(finals))
 
-    def chunk(self, text: str, finish_reason: str | None, first: bool = False) -> dict[str, Any]:
-        """One stream chunk; a chat's ``first`` chunk also names the role, and carries the first
-        token with it as vLLM's does, so a client's time to first chunk is its time to first token."""
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return self._envelope(self._chunk_object, [choice], None)
 
-    def usage_chunk(self, final: RequestOutput) -> dict[str, Any]:
-        return self._envelope(self._chunk_object, [], usage(final))
+    def chunk(self, output: RequestOutput, first: bool = False) -> dict[str, Any]:
+        """One stream chunk; a chat sample's ``first`` chunk also names the role, and carries the
+        first token with it as vLLM's does, so a client's time to first chunk is its time to first token."""
+        logprobs = self._logprobs(output.index, [output.logprobs] if output.logprobs else [])
+        if self.chat:
+            delta = {"role": "assistant", "content": output.text} if first else {"content": output.text}
+            choice: dict[str, Any] = {"index": output.index, "delta": delta}
+        else:
+            choice = {"index": output.index, "text": output.text}
+        choice |= {"logprobs": logprobs, "finish_reason": output.finish_reason}
+        return self._envelope(self._chunk_object, [choice], None)
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        return self._envelope(self._chunk_object, [], usage(finals))
+
+    def _logprobs(self, index: int, tokens: list[TokenLogprobs]) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        if self.chat:
+            return {"content": [self._chat_entry(token) for token in tokens]}
+        return self._completion_logprobs(index, tokens)
+
+    def _chat_entry(self, token: TokenLogprobs) -> dict[str, Any]:
+        entry = self._named(token.token_id, token.logprob)
+        entry["top_logprobs"] = [self._named(token_id, logprob) for token_id, logprob in token.top]
+        return entry
+
+    def _named(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    def _completion_logprobs(self, index: int, tokens: list[TokenLogprobs]) -> dict[str, Any]:
+        texts = [self.token_text(token.token_id) for token in tokens]
+        offsets = []
+        offset = self._text_offsets.get(index, 0)
+        for text in texts:
+            offsets.append(offset)
+            offset += len(text)
+        self._text_offsets[index] = offset
+        return {
+            "tokens": texts,
+            "token_logprobs": [token.logprob for token in tokens],
+            "top_logprobs": [
+                {self.token_text(token_id): logprob for token_id, logprob in token.top} for token in tokens
+            ],
+            "text_offset": offsets,
+        }
 
     @property
     def _chunk_object(self) -> str:

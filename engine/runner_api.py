@@ -19,10 +19,34 @@ class SamplingParams:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    """OpenAI penalties, applied as vLLM does: to the tokens generated so far, not the prompt."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    """None: no logprobs; k >= 0: the sampled token's logprob and the k most likely alternatives."""
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether logits are changed before the pick (penalties or a logit bias)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The sampled token's log-probability and the ``k`` most likely tokens with theirs.
+
+    Taken from the model's raw distribution (before temperature, penalties and bias), as vLLM's
+    default ``raw_logprobs`` mode does.
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -44,6 +68,8 @@ class SeqChunk:
     sampling: SamplingParams
     num_generated: int = 0
     """Tokens this sequence has generated so far (seeded sampling stays reproducible per step)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """The generated tokens, filled only when ``sampling.penalized`` (penalties count them)."""
 
 
 @dataclass(frozen=True)
@@ -70,4 +96,12 @@ class ModelRunner(Protocol):
 
     def release(self, seq_id: int) -> None:
         """Forget any per-sequence state (sampler generators) of a finished or aborted sequence."""
+        ...
+
+    def take_logprobs(self) -> dict[int, TokenLogprobs]:
+        """Logprobs of the tokens the last ``execute`` sampled, by seq_id, for chunks that asked."""
+        ...
+
+    def embed(self, token_ids: list[int]) -> list[float]:
+        """A pooled, L2-normalized embedding of ``token_ids`` (computed outside the paged cache)."""
         ...

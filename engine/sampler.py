@@ -1,5 +1,10 @@
 """Pick the next token of each sequence from its logits: greedy, or temperature / top-k / top-p.
 
+Before the pick, rows with OpenAI penalties or a ``logit_bias`` get their logits adjusted as vLLM
+does: ``- frequency_penalty * count - presence_penalty * (count > 0)`` over the tokens generated
+so far, then ``+ bias``. Rows without them are untouched, so plain greedy stays token-identical
+to transformers.
+
 Random draws use the exponential race (``argmax(probs / q)`` with ``q ~ Exp(1)``), which picks token
 ``i`` with probability ``probs[i]``. A seeded sequence draws ``q`` from a generator seeded by
 ``(seed, num_generated)``, so a sequence that is preempted and recomputed samples the same tokens
@@ -8,7 +13,7 @@ without the runner keeping any per-sequence state.
 
 import torch
 
-from engine.runner_api import SamplingParams
+from engine.runner_api import SamplingParams, SeqChunk, TokenLogprobs
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 63) - 1
@@ -33,12 +38,45 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
+    """A copy of ``logits`` with each penalized row's penalties and logit bias applied."""
+    rows = [row for row, chunk in enumerate(chunks) if chunk.sampling.penalized]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for row in rows:
+        params = chunks[row].sampling
+        outputs = chunks[row].output_token_ids
+        if outputs and (params.presence_penalty or params.frequency_penalty):
+            counts = torch.bincount(torch.tensor(outputs, device=logits.device), minlength=logits.shape[-1])
+            counts = counts[: logits.shape[-1]].to(logits.dtype)
+            logits[row] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), device=logits.device)
+            bias = torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+            logits[row].index_add_(0, ids, bias)
+    return logits
+
+
+def token_logprobs(raw_logits: torch.Tensor, tokens: list[int], top: list[int]) -> list[TokenLogprobs]:
+    """Per row: the logprob of ``tokens[row]`` and the ``top[row]`` most likely tokens."""
+    logprobs = raw_logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    most = max(top, default=0)
+    best_values, best_ids = logprobs.topk(most, dim=-1) if most else (logprobs[:, :0], logprobs[:, :0].long())
+    result = []
+    for row, (token, k) in enumerate(zip(tokens, top, strict=True)):
+        alternatives = list(zip(best_ids[row, :k].tolist(), best_values[row, :k].tolist(), strict=True))
+        result.append(TokenLogprobs(token, chosen[row], alternatives))
+    return result
+
+
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int]) -> list[int]:
-        """One token per row of ``logits`` ``[rows, vocab]`` (float32)."""
+        """One token per row of ``logits`` ``[rows, vocab]`` (float32, penalties already applied)."""
         tokens = logits.argmax(dim=-1)
         sampled = [row for row, p in enumerate(params) if not p.greedy]
         if sampled:

@@ -125,6 +125,7 @@ class Scheduler:
                 sample=end == len(seq.token_ids),
                 sampling=seq.sampling,
                 num_generated=seq.num_output_tokens,
+                output_token_ids=seq.output_token_ids if seq.sampling.penalized else [],
             )
         )
         return end - start

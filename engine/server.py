@@ -8,7 +8,7 @@ output stream and so aborts the request in the engine.
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -16,22 +16,27 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from engine.embeddings import embeddings_response
 from engine.llm_engine import EngineError, LLMEngine, RequestOutput
 from engine.load_publisher import LoadPublisher
-from engine.openai_responses import ResponseShape
-from engine.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ProtocolError,
+from engine.openai_checks import (
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
-    error_body,
+    embedding_inputs,
     parse_request,
+    responses_prompt_ids,
     sampling_params,
 )
+from engine.openai_responses import Choice, ResponseShape
+from engine.responses_api import ResponseBuilder
+from engine.runner_api import SamplingParams
+from engine.tracing import record_spans
 from normalize.chat_tokenizer import ChatTokenizer
+from protocol.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest
+from protocol.openai_errors import OpenAIError, error_body
 from protocol.replica_stats import encode_stats
+from protocol.tracing import remote_parent
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,8 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     """Every failure leaves as an OpenAI error object, never as HTML or a stack trace."""
     try:
         return await handler(request)
-    except ProtocolError as exc:
-        return json_response(exc.body, exc.status)
+    except OpenAIError as exc:
+        return json_response(exc.body(), exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -82,6 +87,8 @@ class EngineServer:
         app = web.Application(middlewares=[openai_errors], client_max_size=_MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -93,15 +100,69 @@ class EngineServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), CompletionRequest)
-        check_model(body, self.served_model_name)
+        check_model(body.model, self.served_model_name)
         prompt_ids = await asyncio.to_thread(completion_prompt_ids, body, self.tokenizer)
-        return await self._generate(request, body, prompt_ids, ResponseShape(self.served_model_name, chat=False))
+        return await self._generate(request, body, prompt_ids, self._shape(chat=False, logprobs=body.logprobs))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ChatCompletionRequest)
-        check_model(body, self.served_model_name)
+        check_model(body.model, self.served_model_name)
         prompt_ids = await asyncio.to_thread(chat_prompt_ids, body, self.tokenizer)
-        return await self._generate(request, body, prompt_ids, ResponseShape(self.served_model_name, chat=True))
+        return await self._generate(request, body, prompt_ids, self._shape(chat=True, logprobs=body.num_logprobs))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = parse_request(await request.read(), EmbeddingRequest)
+        check_model(body.model, self.served_model_name)
+        inputs = await asyncio.to_thread(embedding_inputs, body, self.tokenizer, self.max_model_len)
+        vectors = [await self.engine.embed(token_ids) for token_ids in inputs]
+        num_tokens = sum(len(token_ids) for token_ids in inputs)
+        return json_response(embeddings_response(self.served_model_name, vectors, num_tokens, body))
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = parse_request(await request.read(), ResponsesRequest)
+        check_model(body.model, self.served_model_name)
+        prompt_ids = await asyncio.to_thread(responses_prompt_ids, body, self.tokenizer)
+        params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
+        builder = ResponseBuilder(self.served_model_name, body)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, 1)
+        async with aclosing(outputs):
+            if body.stream:
+                return await self._stream_response(request, outputs, builder)
+            text: list[str] = []
+            final: RequestOutput | None = None
+            async for output in outputs:
+                text.append(output.text)
+                final = output
+            assert final is not None
+            return json_response(builder.response("".join(text), final))
+
+    async def _traced(
+        self,
+        request: web.Request,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+        n: int,
+        session: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's outputs; each finished sample also leaves its spans in the caller's trace."""
+        parent = remote_parent(request.headers)
+        request_id = request.headers.get("x-request-id", "")
+        outputs = self.engine.generate(
+            prompt_ids, params, self.max_model_len, self.tokenizer.eos_token_id, cache_salt, session=session, n=n
+        )
+        async with aclosing(outputs):
+            async for output in outputs:
+                if output.finished:
+                    record_spans(parent, output, request_id)
+                yield output
+
+    def _shape(self, chat: bool, logprobs: int | None) -> ResponseShape:
+        token_text = self._token_text if logprobs is not None else _no_token_text
+        return ResponseShape(self.served_model_name, chat, token_text, want_logprobs=logprobs is not None)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def models(self, request: web.Request) -> web.Response:
         model = {
@@ -109,6 +170,7 @@ class EngineServer:
             "object": "model",
             "created": self.created,
             "owned_by": "kvgate",
+            "parent": None,
             "max_model_len": self.max_model_len,
         }
         return json_response({"object": "list", "data": [model]})
@@ -133,45 +195,67 @@ class EngineServer:
         prompt_ids: list[int],
         shape: ResponseShape,
     ) -> web.StreamResponse:
-        params = sampling_params(body, len(prompt_ids), self.max_model_len)
-        outputs = self.engine.generate(
-            prompt_ids,
-            params,
-            self.max_model_len,
-            self.tokenizer.eos_token_id,
-            body.cache_salt,
-            body.kvgate_session,
-        )
+        params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, body.kvgate_session)
         async with aclosing(outputs):
             if body.stream:
-                return await self._stream(request, outputs, shape, body.include_usage)
-            text: list[str] = []
-            final: RequestOutput | None = None
+                return await self._stream(request, outputs, shape, body.n, body.include_usage)
+            choices = [Choice() for _ in range(body.n)]
             async for output in outputs:
-                text.append(output.text)
-                final = output
-            assert final is not None
-            return json_response(shape.whole("".join(text), final))
+                choices[output.index].add(output)
+            return json_response(shape.whole(choices))
 
     async def _stream(
-        self, request: web.Request, outputs: AsyncIterator[RequestOutput], shape: ResponseShape, include_usage: bool
+        self,
+        request: web.Request,
+        outputs: AsyncIterator[RequestOutput],
+        shape: ResponseShape,
+        n: int,
+        include_usage: bool,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        first = True
+        started: set[int] = set()
+        finals: list[RequestOutput] = []
         try:
             async for output in outputs:
-                if output.text or output.finished:
-                    await _send_event(response, shape.chunk(output.text, output.finish_reason, first))
-                    first = False
-                if output.finished and include_usage:
-                    await _send_event(response, shape.usage_chunk(output))
+                if output.text or output.finished or output.logprobs is not None:
+                    await _send_event(response, shape.chunk(output, first=output.index not in started))
+                    started.add(output.index)
+                if output.finished:
+                    finals.append(output)
+            if include_usage:
+                await _send_event(response, shape.usage_chunk(finals))
         except EngineError as exc:
             await _send_event(response, error_body(str(exc), "internal_error"))
         except ConnectionResetError:
             log.debug("client of %s went away mid-stream", shape.request_id)
             return response
         await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _stream_response(
+        self, request: web.Request, outputs: AsyncIterator[RequestOutput], builder: ResponseBuilder
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        text: list[str] = []
+        try:
+            for event in builder.opening_events():
+                await _send_named_event(response, event)
+            async for output in outputs:
+                if output.text:
+                    text.append(output.text)
+                    await _send_named_event(response, builder.delta_event(output.text))
+                if output.finished:
+                    for event in builder.closing_events("".join(text), output):
+                        await _send_named_event(response, event)
+        except EngineError as exc:
+            await _send_named_event(response, {"type": "error", "message": str(exc), "code": "internal_error"})
+        except ConnectionResetError:
+            log.debug("client of %s went away mid-stream", builder.response_id)
+            return response
         await response.write_eof()
         return response
 
@@ -188,3 +272,12 @@ class EngineServer:
 
 async def _send_event(response: web.StreamResponse, data: dict[str, Any]) -> None:
     await response.write(b"data: " + orjson.dumps(data) + b"\n\n")
+
+
+async def _send_named_event(response: web.StreamResponse, data: dict[str, Any]) -> None:
+    """A Responses API event: its type as the SSE ``event:`` and the whole event as ``data:``."""
+    await response.write(b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n")
+
+
+def _no_token_text(token_id: int) -> str:
+    raise AssertionError("token text asked for without logprobs")

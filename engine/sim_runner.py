@@ -3,15 +3,27 @@
 It sleeps as long as the real model would take for the step and returns pseudo tokens from a
 cycle of ordinary words, so replicas behave like real ones (timing, cache hits, events) at a
 fraction of the CPU. It never imports torch.
+
+Because it is a cost model and not a model, what it returns beyond tokens is fake but
+well-formed, so that every endpoint can be exercised against it: logprobs are fixed values
+(the sampled token first), embeddings a unit vector derived from the token ids by hashing,
+and penalties, logit bias and seeds do not change its (deterministic) output.
 """
 
+import math
 import time
 from dataclasses import dataclass
 
-from engine.runner_api import BlockTransfer, SeqChunk
+import xxhash
+
+from engine.runner_api import BlockTransfer, SeqChunk, TokenLogprobs
 
 DEFAULT_HOST_BANDWIDTH_GBS = 25.0
 """Host <-> device copy bandwidth, GB/s: a PCIe 4.0 x16 link in practice (PCIe 5.0 about twice)."""
+SIM_EMBEDDING_DIM = 64
+"""Length of the simulated embedding vectors."""
+SIM_TOKEN_LOGPROB = -0.25
+"""The logprob the simulated runner reports for every token it samples."""
 
 SIM_TEXT = (
     " the quick brown fox jumps over a lazy dog while seven small birds sing in green trees near an old stone bridge."
@@ -88,10 +100,36 @@ class SimRunner:
         self.num_blocks = num_blocks
         self.costs = costs
         self.word_token_ids = word_token_ids
+        self._logprobs: dict[int, TokenLogprobs] = {}
 
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         time.sleep(self.costs.step_seconds(chunks))
-        return [self._word_token(chunk) if chunk.sample else None for chunk in chunks]
+        tokens = [self._word_token(chunk) if chunk.sample else None for chunk in chunks]
+        self._logprobs = {
+            chunk.seq_id: self._fake_logprobs(token, chunk.sampling.logprobs)
+            for chunk, token in zip(chunks, tokens, strict=True)
+            if token is not None and chunk.sampling.logprobs is not None
+        }
+        return tokens
+
+    def take_logprobs(self) -> dict[int, TokenLogprobs]:
+        logprobs, self._logprobs = self._logprobs, {}
+        return logprobs
+
+    def embed(self, token_ids: list[int]) -> list[float]:
+        """A fake unit vector: the same ids always give the same vector, different ids another."""
+        seed = xxhash.xxh64_intdigest(b"".join(token.to_bytes(4, "little") for token in token_ids))
+        values = [((seed >> (index % 64)) & 0xFF) - 127.5 + index for index in range(SIM_EMBEDDING_DIM)]
+        norm = math.sqrt(sum(value * value for value in values))
+        return [value / norm for value in values]
+
+    def _fake_logprobs(self, token: int, top: int) -> TokenLogprobs:
+        alternatives = [token] + [other for other in self.word_token_ids if other != token]
+        return TokenLogprobs(
+            token,
+            SIM_TOKEN_LOGPROB,
+            [(other, SIM_TOKEN_LOGPROB * (rank + 1)) for rank, other in enumerate(alternatives[:top])],
+        )
 
     def _word_token(self, chunk: SeqChunk) -> int:
         """The cycle's token at the position being generated: a pure function of the sequence length."""

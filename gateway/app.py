@@ -12,11 +12,12 @@ from gateway import handler as endpoints
 from gateway.admission.auth import admin_only
 from gateway.admission.status import admission_status
 from gateway.config import KvgateConfig
-from gateway.errors import OpenAIError
+from gateway.errors import OpenAIError, error_response
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.routes import add_routes as add_observability_routes
 from gateway.reload import CONFIG_PATH, reload_endpoint
 from gateway.state import GATEWAY, Gateway
+from protocol.tracing import configure_tracing, otlp_exporter
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -29,15 +30,15 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except OpenAIError as error:
-        return error.response()
+        return error_response(error)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        return OpenAIError(exc.status, exc.reason or exc.text or "error", code=code).response()
+        return error_response(OpenAIError(exc.status, exc.reason or exc.text or "error", code=code))
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error").response()
+        return error_response(OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error"))
 
 
 def admin_app() -> web.Application:
@@ -59,12 +60,16 @@ def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.App
         app[CONFIG_PATH] = config_path
     app.router.add_post("/v1/chat/completions", endpoints.chat_completions)
     app.router.add_post("/v1/completions", endpoints.completions)
+    app.router.add_post("/v1/responses", endpoints.responses)
+    app.router.add_post("/v1/embeddings", endpoints.embeddings)
     app.router.add_get("/v1/models", endpoints.list_models)
     app.router.add_get("/health", endpoints.health)
     app.add_subapp("/admin", admin_app())
     add_observability_routes(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        if config.observability.otlp_traces_endpoint:
+            configure_tracing("kvgate-gateway", otlp_exporter(config.observability.otlp_traces_endpoint))
         gateway = Gateway.build(config)
         app[GATEWAY] = gateway
         await gateway.start()

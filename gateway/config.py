@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
-from gateway.admission.config import AdminConfig, LimitsConfig, SharedStateConfig, TenantConfig
+from gateway.admission.config import AdminConfig, LimitsConfig, SharedStateConfig, TenantConfig, resolve_secret
 from gateway.config_section import ConfigSection
 from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
@@ -68,6 +68,36 @@ class BackendSpec(ConfigSection):
     """Forward the client's session key (``x-session-id`` or ``user``) as ``kvgate_session`` in the
     body, so the bundled engine evicts one-shot prompts before active sessions' latest turns.
     None: only to replicas that answer the bundled engine's /stats (vLLM would ignore the field)."""
+    adapters: list[str] = []
+    """LoRA adapters this replica serves (vLLM `--lora-modules` names); a client names one as `model`.
+    Adapters the replica lists in its /v1/models (entries with a `parent`) are added to these."""
+    api_key: SecretStr | None = None
+    """Sent upstream as `Authorization: Bearer ...` (a remote provider): inline, or `env:NAME`."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the upstream key (same as `api_key: env:NAME`)."""
+    headers: dict[str, str] = {}
+    """Extra headers sent upstream with every request and health check."""
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _resolve_key(cls, key: object) -> object:
+        return resolve_secret(key) if isinstance(key, str) else key
+
+    @model_validator(mode="after")
+    def _key_from_env(self) -> "BackendSpec":
+        if self.api_key_env is not None:
+            if self.api_key is not None:
+                raise ValueError("set api_key or api_key_env, not both")
+            self.api_key = SecretStr(resolve_secret(f"env:{self.api_key_env}"))
+        return self
+
+    def upstream_api_key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
+    def upstream_headers(self) -> dict[str, str]:
+        """Headers every request to this replica carries: the extra ones, then the API key."""
+        key = self.upstream_api_key()
+        return {**self.headers, "Authorization": f"Bearer {key}"} if key else dict(self.headers)
 
 
 class HealthConfig(ConfigSection):
@@ -97,6 +127,9 @@ class KvgateConfig(ConfigSection):
     """Gateway processes sharing the listen port (SO_REUSEPORT); their metrics and admin views are summed."""
     model: str = "smollm2-135m"
     """The model name clients send."""
+    model_aliases: dict[str, str] = {}
+    """Other names clients may send, each for a served model or adapter (rewritten before forwarding).
+    A target that is neither a model nor a declared adapter resolves once a replica lists it in /v1/models."""
     tokenizer: str | None = None
     """Bundled model name, GGUF file or HF folder whose tokenizer and chat template the gateway uses."""
     block_size: int = Field(16, ge=1)
@@ -121,6 +154,10 @@ class KvgateConfig(ConfigSection):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        served = set(self.models) | {adapter for backend in self.backends for adapter in backend.adapters}
+        for alias in self.model_aliases:
+            if alias in served:
+                raise ValueError(f"model_aliases: {alias!r} is already a model or adapter name")
         without_events = [
             backend.name for backend in self.backends if backend.kv_events_replay and not backend.kv_events
         ]

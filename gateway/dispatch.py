@@ -29,6 +29,7 @@ from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
 from gateway.routing.router import Router
 from gateway.routing.types import RouteDecision, RouteRequest
+from protocol.tracing import span
 from protocol.usage import cached_tokens, total_tokens
 
 log = logging.getLogger("kvgate.dispatch")
@@ -75,6 +76,9 @@ class Forwarding:
     headers: dict[str, str]
     client_request: web.Request
     progress: Progress = field(default_factory=Progress)
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    """Headers for the backend (the trace context); the replica's own (API key) are added per replica."""
+    stream_format: str = "chat"
 
 
 class Dispatcher:
@@ -95,15 +99,22 @@ class Dispatcher:
         self.block_size = block_size
         pool.on_change(self.queue.notify)
 
-    async def dispatch(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
-        """Charge the tenant's budget (its concurrency slot is already held), then place and forward."""
+    async def dispatch(
+        self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding, priority: int = 0
+    ) -> Dispatched:
+        """Charge the tenant's budget (its concurrency slot is already held), then place and forward.
+
+        ``priority`` is the request's admission class (higher leaves the queue first).
+        """
         async with tenant.charge(request.prompt_tokens + request.max_tokens) as charge:
             try:
-                return await self._dispatch_with_retries(request, tenant, forwarding)
+                return await self._dispatch_with_retries(request, tenant, forwarding, priority)
             finally:
                 charge.used = tokens_used(request, forwarding.progress.outcome, charge.taken)
 
-    async def _dispatch_with_retries(self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding) -> Dispatched:
+    async def _dispatch_with_retries(
+        self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding, priority: int
+    ) -> Dispatched:
         tried: set[str] = set()
         queued_s = 0.0
         for attempt in range(MAX_ATTEMPTS):
@@ -111,7 +122,8 @@ class Dispatcher:
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
             waiting_since = time.perf_counter()
             try:
-                placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried))
+                with span("gateway.queue"):
+                    placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried), priority)
             finally:
                 queued_s += time.perf_counter() - waiting_since
                 forwarding.progress.queued_s = queued_s
@@ -131,12 +143,18 @@ class Dispatcher:
 
     def _place(self, request: RouteRequest, tried: set[str]) -> Placement | None:
         """A replica with a free slot and room for the request's KV blocks; None when all are full."""
-        usable = [backend for backend in self.pool.usable(request.model) if backend.name not in tried]
+        usable = [
+            backend
+            for backend in self.pool.usable(request.model)
+            if backend.name not in tried and backend.serves_adapter(request.adapter)
+        ]
         if not usable:
-            raise service_unavailable(f"No healthy replica of '{request.model}' is available.", retry_after_s=1)
+            serving = f"adapter '{request.adapter}' of '{request.model}'" if request.adapter else f"'{request.model}'"
+            raise service_unavailable(f"No healthy replica of {serving} is available.", retry_after_s=1)
         candidates = [backend for backend in usable if backend.has_room]
         while candidates:
-            decision = self.router.route(request, [backend.state() for backend in candidates])
+            with span("gateway.route"):
+                decision = self.router.route(request, [backend.state() for backend in candidates])
             backend = self.pool.backends[decision.backend]
             uncached = request.prompt_tokens - decision.predicted_cached_tokens
             kv_blocks = blocks_needed(uncached, request.max_tokens, self.block_size)
@@ -167,6 +185,9 @@ class Dispatcher:
                     max_tokens=request.max_tokens,
                     prompt_tokens=request.prompt_tokens,
                     on_first_token=prefill_done,
+                    upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
+                    stream_format=forwarding.stream_format,
+                    secret=backend.spec.upstream_api_key(),
                 )
                 forwarding.progress.decision, forwarding.progress.outcome = decision, call.outcome
                 response, outcome = await forward(call, forwarding.client_request)

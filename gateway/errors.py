@@ -1,47 +1,27 @@
-"""OpenAI-shaped errors: every failure a client sees is `{"error": {message, type, param, code}}`."""
+"""The gateway's OpenAI errors: the shared error type (``protocol.openai_errors``) as aiohttp responses."""
 
 import orjson
 from aiohttp import web
 
+from protocol.openai_errors import OpenAIError, bad_request, model_not_found
 
-class OpenAIError(Exception):
-    """An error to return to the client with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self, extra_headers: dict[str, str] | None = None) -> web.Response:
-        return web.Response(
-            status=self.status,
-            body=orjson.dumps(self.body()),
-            content_type="application/json",
-            headers={**self.headers, **(extra_headers or {})},
-        )
+__all__ = [
+    "OpenAIError",
+    "bad_request",
+    "error_response",
+    "model_not_found",
+    "service_unavailable",
+    "too_many_requests",
+]
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
-
-
-def model_not_found(model: str) -> OpenAIError:
-    return OpenAIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+def error_response(error: OpenAIError, extra_headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=error.status,
+        body=orjson.dumps(error.body()),
+        content_type="application/json",
+        headers={**error.headers, **(extra_headers or {})},
+    )
 
 
 def service_unavailable(message: str, retry_after_s: int | None = None) -> OpenAIError:

@@ -2,6 +2,11 @@
 
 Every request is recorded once (request log, metrics) however it ends: answered, refused, or
 abandoned by its client (aiohttp cancels the handler; the record says ``client_gone``).
+
+One path serves chat, completions, responses and embeddings. A request with ``n`` samples is
+routed once: its prompt counts once toward the caps, its output ``n x max_tokens`` toward the
+token and KV budgets. Embeddings generate nothing and share no prefix cache, so they are routed
+on load alone (no block hashes) under the same prompt caps and tenants.
 """
 
 import asyncio
@@ -9,18 +14,23 @@ import re
 import time
 import uuid
 from functools import partial
+from typing import Any
 
 import orjson
 from aiohttp import web
+from opentelemetry import trace as otel
 
 from gateway.admission.forwarded_body import forwarded_body
 from gateway.admission.input_limits import check_input, check_raw_body
 from gateway.admission.tenants import Tenant
 from gateway.dispatch import Forwarding
-from gateway.errors import OpenAIError, bad_request
+from gateway.errors import OpenAIError, bad_request, error_response
 from gateway.openai_request import Endpoint, parse_request
 from gateway.routing.types import RouteRequest
+from gateway.served_model import ModelTarget
 from gateway.state import GATEWAY, Gateway
+from protocol.trace_context import continue_trace
+from protocol.tracing import remote_parent, span, tracing_enabled
 from radix.hashing import block_hashes
 
 OFFLOAD_BODY_BYTES = 1 << 20
@@ -28,6 +38,9 @@ OFFLOAD_BODY_BYTES = 1 << 20
 
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 """An `x-request-id` the gateway echoes and logs; any other gets an id of the gateway's own."""
+
+_LIMIT_KEYS = {Endpoint.RESPONSES: "max_output_tokens"}
+"""The body field that carries a granted token limit, where it is not ``max_tokens``."""
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -38,60 +51,102 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await handle_completion(request, Endpoint.COMPLETIONS)
 
 
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await handle_completion(request, Endpoint.RESPONSES)
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await handle_completion(request, Endpoint.EMBEDDINGS)
+
+
 async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """One request, under a `kvgate.request` span continuing the caller's trace when tracing is on."""
+    if not tracing_enabled():
+        return await _handle(request, endpoint, None)
+    with span("kvgate.request", context=remote_parent(request.headers), kind=otel.SpanKind.SERVER) as root:
+        assert root is not None
+        root.set_attribute("kvgate.endpoint", endpoint.value)
+        return await _handle(request, endpoint, root)
+
+
+async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | None) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     request_id = client_request_id(request)
+    trace = continue_trace(request.headers)
+    trace_id = trace.trace_id if root is None else format(root.get_span_context().trace_id, "032x")
     started = time.perf_counter()
     tenant: Tenant | None = None
     route_request: RouteRequest | None = None
     forwarding: Forwarding | None = None
     stream = False
     try:
-        tenant = gateway.tenants.authenticate(request)
+        with span("gateway.auth"):
+            tenant = gateway.tenants.authenticate(request)
+            priority = tenant.priority(request.headers)
         async with tenant.hold_slot():
-            parsed = parse_request(await read_json(request, gateway), endpoint)
-            stream = parsed.stream
-            check_input(parsed.body, gateway.config.limits)
-            model = gateway.models.get(parsed.model)
-            cache_salt = tenant.cache_salt(parsed.cache_salt)
-            normalized = model.normalizer.apply(parsed.body)
+            with span("gateway.normalize"):
+                parsed = parse_request(await read_json(request, gateway), endpoint)
+                stream = parsed.stream
+                check_input(parsed.body, gateway.config.limits)
+                target = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters())
+                model = target.served
+                cache_salt = tenant.cache_salt(parsed.cache_salt)
+                normalized = model.normalizer.apply(parsed.body)
             check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
-            async with gateway.tokenize_slots.hold(tenant.name):
-                token_ids = await model.token_ids(normalized.body, endpoint, cache_salt, check_bound)
-            grant = gateway.limits.check(
-                model.name, tenant.caps, len(token_ids), parsed.max_tokens, gateway.default_max_tokens(endpoint)
-            )
+            with span("gateway.tokenize"):
+                async with gateway.tokenize_slots.hold(tenant.name):
+                    prompts = await model.token_ids(normalized.body, parsed, cache_salt, check_bound)
+            prompt_tokens = sum(len(prompt) for prompt in prompts)
+            if parsed.generates:
+                grant = gateway.limits.check(
+                    model.name, tenant.caps, prompt_tokens, parsed.max_tokens, gateway.default_max_tokens(endpoint)
+                )
+                body = forwarded_body(normalized.body, grant, cache_salt, _LIMIT_KEYS.get(endpoint, "max_tokens"))
+                hashes = block_hashes(prompts[0], gateway.config.block_size, model.name, cache_salt, target.adapter)
+                output_tokens = grant.max_tokens * parsed.n * len(prompts)
+            else:
+                longest = max(len(prompt) for prompt in prompts)
+                gateway.limits.check_prompt(model.name, tenant.caps, prompt_tokens, longest)
+                body, hashes, output_tokens = normalized.body, [], 0
             route_request = RouteRequest(
                 request_id=f"gw-{uuid.uuid4().hex}",
                 model=model.name,
-                block_hashes=block_hashes(token_ids, gateway.config.block_size, model.name, cache_salt),
-                prompt_tokens=len(token_ids),
-                max_tokens=grant.max_tokens,
+                block_hashes=hashes,
+                prompt_tokens=prompt_tokens,
+                max_tokens=output_tokens,
                 session_key=header_text(request, "x-session-id") or parsed.user,
                 cache_salt=cache_salt,
-                token_ids=token_ids,
+                token_ids=prompts[0],
+                adapter=target.adapter,
             )
             forwarding = Forwarding(
                 path=endpoint.value,
-                body=forwarded_body(normalized.body, grant, cache_salt),
+                body=_named_upstream(body, target),
                 stream=parsed.stream,
                 include_usage=parsed.include_usage,
                 headers=response_headers(request_id, normalized.changed),
                 client_request=request,
+                upstream_headers=trace.headers(),
+                stream_format="responses" if endpoint is Endpoint.RESPONSES else "chat",
             )
-            dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding)
+            dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding, priority)
     except OpenAIError as error:
-        gateway.telemetry.observe_rejection(request_id, error, tenant.name if tenant else None, started)
-        return error.response({"x-request-id": request_id})
+        gateway.telemetry.observe_rejection(request_id, error, tenant.name if tenant else None, started, trace_id)
+        return error_response(error, {"x-request-id": request_id})
     except asyncio.CancelledError:
         progress = forwarding.progress if forwarding else None
         tenant_name = tenant.name if tenant else None
         gateway.telemetry.observe_client_gone(request_id, tenant_name, started, route_request, stream, progress)
         raise
     gateway.telemetry.observe_completion(
-        request_id, route_request, model, normalized, parsed.stream, dispatched, tenant.name, started
+        request_id, route_request, model, normalized, parsed.stream, dispatched, tenant.name, started, trace_id
     )
     return dispatched.response
+
+
+def _named_upstream(body: dict[str, Any], target: ModelTarget) -> dict[str, Any]:
+    """The body with `model` as the backend knows it (an alias resolved to its model or adapter)."""
+    return body if body.get("model") == target.upstream_name else {**body, "model": target.upstream_name}
 
 
 def client_request_id(request: web.Request) -> str:
@@ -148,9 +203,10 @@ def response_headers(request_id: str, normalized_rules: list[str]) -> dict[str, 
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """Served models, the LoRA adapters backends declare or list, and the aliases."""
     gateway: Gateway = request.app[GATEWAY]
     gateway.tenants.authenticate(request)
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "kvgate"} for name in gateway.models.models]
+    data = gateway.models.listing(gateway.pool.reported_adapters())
     return web.json_response({"object": "list", "data": data}, dumps=lambda value: orjson.dumps(value).decode())
 
 

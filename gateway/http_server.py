@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from gateway.errors import OpenAIError
+from gateway.errors import OpenAIError, error_response
 
 log = logging.getLogger("kvgate.http")
 
@@ -75,7 +75,7 @@ class GatewayRequestHandler(RequestHandler):
             error = OpenAIError(
                 status, f"The HTTP request could not be parsed ({phrase}).", code="invalid_http_request"
             )
-        response = error.response()
+        response = error_response(error)
         response.force_close()
         return response
 

@@ -1,63 +1,42 @@
-"""Parse and validate the OpenAI request bodies the gateway accepts.
+"""Parse the OpenAI request bodies the gateway accepts, with the shared schemas of ``protocol.openai``.
 
-Only what the gateway itself needs is checked here; fields it does not know are kept and
-forwarded, as OpenAI ignores unknown fields. Every problem becomes a 400 naming the field.
+Only what the gateway itself needs is pulled out here (model, stream, token limits, ``n``); the
+body is forwarded as the client sent it, unknown fields included. A field the gateway knows
+with a bad value is a 400 naming it, as the backend would answer.
 """
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel
 
-from gateway.errors import bad_request
+from protocol.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ResponsesRequest,
+    validate,
+)
+from protocol.openai_errors import bad_request
 from radix.hashing import TOKEN_ID_LIMIT
 
 
 class Endpoint(Enum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
+    RESPONSES = "/v1/responses"
 
 
-class _ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: StrictStr
-    text: StrictStr | None = None
+_SCHEMAS: dict[Endpoint, type[BaseModel]] = {
+    Endpoint.CHAT: ChatCompletionRequest,
+    Endpoint.COMPLETIONS: CompletionRequest,
+    Endpoint.EMBEDDINGS: EmbeddingRequest,
+    Endpoint.RESPONSES: ResponsesRequest,
+}
 
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[_ContentPart] | None = None
-
-
-class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: StrictBool = False
-
-
-class _CommonBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: StrictStr
-    stream: StrictBool = False
-    stream_options: _StreamOptions | None = None
-    max_tokens: StrictInt | None = Field(None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
-    """OpenAI's newer name for max_tokens; either is read on both endpoints, and wins when both are set."""
-    n: StrictInt = Field(1, ge=1, le=1)
-    temperature: StrictFloat | None = Field(None, ge=0, le=2)
-    top_p: StrictFloat | None = Field(None, gt=0, le=1)
-    user: StrictStr | None = None
-    cache_salt: StrictStr | None = Field(None, min_length=1)
-
-
-class _ChatBody(_CommonBody):
-    messages: list[_Message] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-
-
-class _CompletionBody(_CommonBody):
-    prompt: StrictStr | list[Annotated[StrictInt, Field(ge=0, lt=TOKEN_ID_LIMIT)]] = Field(min_length=1)
+ParsedBody = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | ResponsesRequest
 
 
 @dataclass
@@ -66,40 +45,57 @@ class ParsedRequest:
 
     endpoint: Endpoint
     body: dict[str, Any]
+    parsed: ParsedBody
     model: str
     stream: bool
     include_usage: bool
     max_tokens: int | None
+    """The client's limit per sample (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``)."""
+    n: int
     user: str | None
     cache_salt: str | None
 
+    @property
+    def generates(self) -> bool:
+        """False for embeddings: no output tokens, no KV beyond the prompt's forward pass."""
+        return self.endpoint is not Endpoint.EMBEDDINGS
+
 
 def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object")
-    schema = _ChatBody if endpoint is Endpoint.CHAT else _CompletionBody
-    try:
-        parsed = schema.model_validate(body)
-    except ValidationError as exc:
-        raise _first_problem(exc) from None
-    max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
+    parsed = cast(ParsedBody, validate(body, _SCHEMAS[endpoint]))
+    if parsed.model is None:
+        raise bad_request("Missing required parameter: 'model'", param="model", code="missing_required_parameter")
+    stream = False
+    include_usage = False
+    max_tokens: int | None = None
+    n = 1
+    if isinstance(parsed, (ChatCompletionRequest, CompletionRequest)):
+        stream, include_usage, n = parsed.stream, parsed.include_usage, parsed.n
+        max_tokens = parsed.requested_max_tokens
+    elif isinstance(parsed, ResponsesRequest):
+        stream, max_tokens = parsed.stream, parsed.max_output_tokens
+    if isinstance(parsed, (CompletionRequest, EmbeddingRequest)):
+        _check_token_ids(parsed.prompt if isinstance(parsed, CompletionRequest) else parsed.input, endpoint)
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
+        parsed=parsed,
         model=parsed.model,
-        stream=parsed.stream,
-        include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+        stream=stream,
+        include_usage=include_usage,
         max_tokens=max_tokens,
+        n=n,
         user=parsed.user,
-        cache_salt=parsed.cache_salt,
+        cache_salt=getattr(parsed, "cache_salt", None),
     )
 
 
-def _first_problem(exc: ValidationError) -> Exception:
-    error = exc.errors()[0]
-    param = ".".join(str(part) for part in error["loc"])
-    if error["type"] == "missing":
-        return bad_request(f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
-    if param == "n":
-        return bad_request("Only n=1 is supported", param="n", code="unsupported_value")
-    return bad_request(f"Invalid value for '{param}': {error['msg']}", param=param, code="invalid_value")
+def _check_token_ids(value: Any, endpoint: Endpoint) -> None:
+    """Prompt or input token ids must fit the block hash's token encoding (the engine checks its vocabulary)."""
+    lists = [value] if value and isinstance(value[0], int) else [item for item in value if isinstance(item, list)]
+    param = "prompt" if endpoint is Endpoint.COMPLETIONS else "input"
+    for token_ids in lists:
+        if any(not 0 <= token_id < TOKEN_ID_LIMIT for token_id in token_ids):
+            raise bad_request(
+                f"'{param}' token ids must be in [0, {TOKEN_ID_LIMIT})", param=param, code="invalid_value"
+            )

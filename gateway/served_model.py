@@ -1,4 +1,9 @@
-"""Per served model: how its requests are normalized and tokenized."""
+"""Per served model: how its requests are normalized and tokenized; and what a client's `model` names.
+
+A client may name a served model, an alias of one (`model_aliases:`), or a LoRA adapter some
+backend declares (`adapters:`) or lists in its /v1/models; the registry resolves each to a
+``ModelTarget``.
+"""
 
 import logging
 import math
@@ -8,12 +13,13 @@ from typing import Any, Protocol
 
 from gateway.config import KvgateConfig
 from gateway.errors import bad_request, model_not_found
-from gateway.openai_request import Endpoint
+from gateway.openai_request import Endpoint, ParsedRequest
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import SegmentTokenizer
 from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
+from protocol.openai import ResponsesRequest, responses_messages
 
 log = logging.getLogger("kvgate.models")
 
@@ -64,29 +70,69 @@ class ServedModel:
     tokenizer: PromptTokenizer
 
     async def token_ids(
-        self, body: dict[str, Any], endpoint: Endpoint, salt: str | None, check_bound: Callable[[int], None]
-    ) -> list[int]:
-        """The prompt's token ids exactly as the backend will see them.
+        self, body: dict[str, Any], request: ParsedRequest, salt: str | None, check_bound: Callable[[int], None]
+    ) -> list[list[int]]:
+        """The prompt's token ids exactly as the backend will see them: one list per prompt or input.
 
         ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
         cannot fit, before the tokenizer runs; ``salt`` keeps cached segments per isolation domain.
+        A Responses request is rendered as chat messages (``instructions`` first) through the chat
+        template, as the backend renders it. Several completion prompts count together toward the
+        bound; embedding inputs each on their own (the context applies per input).
         """
-        prompt = body.get("prompt")
-        if endpoint is Endpoint.COMPLETIONS and isinstance(prompt, list):
-            check_bound(len(prompt))
-            return prompt
-        if endpoint is Endpoint.CHAT:
-            check_bound(self.tokenizer.min_chat_tokens(body["messages"]))
+        if request.endpoint is Endpoint.CHAT:
+            return [await self._chat_ids(body["messages"], body.get("tools"), salt, check_bound, "messages")]
+        if isinstance(request.parsed, ResponsesRequest):
+            return [await self._chat_ids(responses_messages(request.parsed), None, salt, check_bound, "input")]
+        cumulative = request.endpoint is Endpoint.COMPLETIONS
+        prompts: list[list[int]] = []
+        counted = 0
+        for item in _one_or_many(body["prompt" if cumulative else "input"]):
+            if isinstance(item, list):
+                check_bound(counted + len(item))
+                prompts.append(item)
+            else:
+                check_bound(counted + self.tokenizer.min_tokens(str(item)))
+                prompts.append(await self.tokenizer.encode_prompt_async(str(item), salt))
+            counted += len(prompts[-1]) if cumulative else 0
+        return prompts
+
+    async def _chat_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        salt: str | None,
+        check_bound: Callable[[int], None],
+        param: str,
+    ) -> list[int]:
+        check_bound(self.tokenizer.min_chat_tokens(messages))
         try:
-            text = (
-                self.tokenizer.render_chat(body["messages"], body.get("tools"))
-                if endpoint is Endpoint.CHAT
-                else str(prompt)
-            )
+            text = self.tokenizer.render_chat(messages, tools)
         except TemplateError as exc:
-            raise bad_request(str(exc), param="messages") from None
+            raise bad_request(str(exc), param=param) from None
         check_bound(self.tokenizer.min_tokens(text))
         return await self.tokenizer.encode_prompt_async(text, salt)
+
+
+def _one_or_many(value: Any) -> list[Any]:
+    """A prompt or input given as one text or token list, or as a list of them."""
+    if isinstance(value, str) or not value or isinstance(value[0], int):
+        return [value]
+    return list(value)
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """What a client's `model` resolves to: the served model, and the LoRA adapter if it named one."""
+
+    requested: str
+    served: ServedModel
+    adapter: str | None = None
+
+    @property
+    def upstream_name(self) -> str:
+        """The `model` the backend is sent: the adapter's name, else the served model's (aliases resolved)."""
+        return self.adapter or self.served.name
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> PromptTokenizer:
@@ -101,10 +147,18 @@ def load_tokenizer(model: str, tokenizer: str | None) -> PromptTokenizer:
 
 
 class ModelRegistry:
-    """The models clients may name, each with its tokenizer and normalizer."""
+    """The models clients may name, each with its tokenizer and normalizer, their aliases and adapters."""
 
-    def __init__(self, models: dict[str, ServedModel]) -> None:
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        aliases: dict[str, str] | None = None,
+        adapters: dict[str, str] | None = None,
+    ) -> None:
         self.models = models
+        self.aliases = aliases or {}
+        self.adapters = adapters or {}
+        """Adapter name -> the served model it adapts."""
 
     @classmethod
     def from_config(cls, config: KvgateConfig) -> "ModelRegistry":
@@ -115,10 +169,28 @@ class ModelRegistry:
             name: ServedModel(name, normalizer, load_tokenizer(name, tokenizer))
             for name, tokenizer in tokenizer_of.items()
         }
-        return cls(models)
+        adapters = {
+            adapter: config.backend_model(backend) for backend in config.backends for adapter in backend.adapters
+        }
+        return cls(models, dict(config.model_aliases), adapters)
+
+    def resolve(self, name: str, reported_adapters: dict[str, str] | None = None) -> ModelTarget:
+        """The target `name` stands for; ``reported_adapters`` are those replicas list (adapter -> model)."""
+        target = self.aliases.get(name, name)
+        if target in self.models:
+            return ModelTarget(name, self.models[target])
+        base = self.adapters.get(target) or (reported_adapters or {}).get(target)
+        if base is not None and base in self.models:
+            return ModelTarget(name, self.models[base], adapter=target)
+        raise model_not_found(name)
 
     def get(self, name: str) -> ServedModel:
-        model = self.models.get(name)
-        if model is None:
-            raise model_not_found(name)
-        return model
+        return self.resolve(name).served
+
+    def listing(self, reported_adapters: dict[str, str]) -> list[dict[str, Any]]:
+        """`/v1/models` entries: served models, then adapters (with their `parent`), then aliases."""
+        entries = [{"id": name, "parent": None} for name in self.models]
+        adapters = {**reported_adapters, **self.adapters}
+        entries += [{"id": adapter, "parent": base} for adapter, base in sorted(adapters.items())]
+        entries += [{"id": alias, "parent": None, "alias_of": target} for alias, target in self.aliases.items()]
+        return [{**entry, "object": "model", "created": 0, "owned_by": "kvgate"} for entry in entries]

@@ -30,7 +30,7 @@ from gateway.served_model import ModelRegistry
 
 log = logging.getLogger("kvgate.gateway")
 
-DEFAULT_MAX_TOKENS = {Endpoint.CHAT: 256, Endpoint.COMPLETIONS: 16}
+DEFAULT_MAX_TOKENS = {Endpoint.CHAT: 256, Endpoint.COMPLETIONS: 16, Endpoint.RESPONSES: 256, Endpoint.EMBEDDINGS: 0}
 """What a request without max_tokens is assumed to need (OpenAI's completions default is 16)."""
 
 

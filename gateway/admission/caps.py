@@ -75,6 +75,23 @@ class RequestCaps:
             self._merged[key] = cached
         return cached[1]
 
+    def check_prompt(self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, longest_input: int) -> None:
+        """The prompt caps alone, for requests that generate nothing (embeddings): 400 when over."""
+        caps = self._caps(model, tenant_caps)
+        if caps.max_prompt_tokens is not None and prompt_tokens > caps.max_prompt_tokens:
+            raise bad_request(
+                f"This request has {prompt_tokens} input tokens; the limit for '{model}' is {caps.max_prompt_tokens}.",
+                param="input",
+                code="prompt_too_long",
+            )
+        context = caps.context_length or self.reported_context(model)
+        if context is not None and longest_input > context:
+            raise bad_request(
+                f"This model's maximum context length is {context} tokens; an input has {longest_input}.",
+                param="input",
+                code="context_length_exceeded",
+            )
+
     @staticmethod
     def _grant(caps: TokenCaps, requested: int | None, default: int, room: int | None) -> TokenGrant:
         cap = caps.max_tokens

@@ -74,6 +74,10 @@ class TenantConfig(ConfigSection):
     """Requests admitted per minute (a bucket of one minute's worth, one request each)."""
     isolate_cache: bool = False
     """Give this tenant its own cache salt: no other tenant can hit (or time) its cached prefixes."""
+    priority: int = 0
+    """Admission class: higher classes leave the queue first, and the lowest is shed first under overload."""
+    max_header_priority: int | None = None
+    """When set, the tenant may pick a class per request with `x-kvgate-priority: N` (N <= this)."""
     limits: TokenCaps = TokenCaps()
 
     @field_validator("api_keys", mode="before")

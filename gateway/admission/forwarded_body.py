@@ -10,16 +10,19 @@ CAP_ALIASES = ("max_tokens", "max_completion_tokens")
 """The names a client may give its completion cap; OpenAI reads either on chat, engines differ."""
 
 
-def forwarded_body(body: dict[str, Any], grant: TokenGrant, cache_salt: str | None) -> dict[str, Any]:
+def forwarded_body(
+    body: dict[str, Any], grant: TokenGrant, cache_salt: str | None, limit_key: str = "max_tokens"
+) -> dict[str, Any]:
     """``body`` (never mutated) with what admission decided written into it.
 
     The backend always gets exactly one cap, ``max_tokens`` (the one name every engine reads on
     both endpoints; vLLM, SGLang and the bundled engine's completions ignore
     ``max_completion_tokens``), set to the tokens the gateway granted, reserved KV for and
-    charged the tenant for. Every other alias is removed, so none can widen the grant.
+    charged the tenant for. Every other alias is removed, so none can widen the grant. A
+    Responses request's cap is ``limit_key="max_output_tokens"`` instead (per sample either way).
     """
-    forwarded = {key: value for key, value in body.items() if key not in CAP_ALIASES}
-    forwarded["max_tokens"] = grant.max_tokens
+    forwarded = {key: value for key, value in body.items() if key not in CAP_ALIASES and key != limit_key}
+    forwarded[limit_key] = grant.max_tokens
     if cache_salt is None:
         forwarded.pop("cache_salt", None)
     else:

@@ -58,6 +58,29 @@ def check_input(body: dict[str, Any], limits: LimitsConfig) -> None:
     prompt = body.get("prompt")
     if isinstance(prompt, (str, list)):
         _check_length(len(prompt), limits, "prompt")
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        _check_length(len(instructions), limits, "instructions")
+    _check_inputs(body.get("input"), limits)
+
+
+def _check_inputs(value: Any, limits: LimitsConfig) -> None:
+    """The `input` of embeddings (texts or token ids) and responses (text or message items)."""
+    if isinstance(value, str):
+        _check_length(len(value), limits, "input")
+    if not isinstance(value, list):
+        return
+    if len(value) > limits.max_messages:
+        raise bad_request(
+            f"The request has {len(value)} input items; the limit is {limits.max_messages}.",
+            param="input",
+            code="too_many_messages",
+        )
+    for index, item in enumerate(value):
+        if isinstance(item, (str, list)):
+            _check_length(len(item), limits, f"input.{index}")
+        elif isinstance(item, dict):
+            _check_length(_content_chars(item.get("content")), limits, f"input.{index}.content")
 
 
 def _containers_outside_strings(raw: bytes) -> int:

@@ -1,13 +1,17 @@
-"""The admission queue: requests that fit on no replica right now wait here, fairly across tenants.
+"""The admission queue: requests that fit on no replica right now wait here, by priority, fairly across tenants.
 
-Order: round-robin over the tenants that have someone waiting, first come first served within a
-tenant. Only the head of that order tries to get placed, whenever capacity may have changed
+Order: the highest priority class first; within a class, round-robin over the tenants that have
+someone waiting, first come first served within a tenant. A request that finds nobody of its
+class or above waiting tries to get placed at once. When the queue is full, a newcomer sheds the
+newest waiter of the lowest class below its own (that waiter gets 429 with ``Retry-After``); a
+newcomer of the lowest class is itself refused with 429. Only the head of that order tries to get placed, whenever capacity may have changed
 (a request ended, a health check ran, the config was reloaded); the rest keep their place
 (vLLM's scheduler admits in the same strict order, so a large request is never starved).
 A waiter leaves at once when its client goes away (its task is cancelled) or its time is up.
 """
 
 import asyncio
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,19 +20,28 @@ from typing import TypeVar
 from gateway.errors import service_unavailable, too_many_requests
 
 Placement = TypeVar("Placement")
+_ARRIVALS = itertools.count()
 
 
 @dataclass(eq=False)
 class _Waiter:
     tenant: str
+    priority: int = 0
+    arrival: int = field(default_factory=lambda: next(_ARRIVALS))
     turn: asyncio.Event = field(default_factory=asyncio.Event)
+    shed: bool = False
+    """Pushed out of a full queue by a request of a higher class."""
+
+
+Lines = OrderedDict[str, deque[_Waiter]]
+"""One priority class: a line per tenant, in round-robin order."""
 
 
 class AdmissionQueue:
     def __init__(self, max_queue: int, timeout_s: float) -> None:
         self.max_queue = max_queue
         self.timeout_s = timeout_s
-        self._lines: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self._classes: dict[int, Lines] = {}
         self._size = 0
 
     def __len__(self) -> int:
@@ -41,33 +54,45 @@ class AdmissionQueue:
         self.notify()
 
     def waiting_by_tenant(self) -> dict[str, int]:
-        return {tenant: len(line) for tenant, line in self._lines.items()}
+        waiting: dict[str, int] = {}
+        for lines in self._classes.values():
+            for tenant, line in lines.items():
+                waiting[tenant] = waiting.get(tenant, 0) + len(line)
+        return waiting
 
-    async def admit(self, tenant: str, try_place: Callable[[], Placement | None]) -> Placement:
-        """``try_place()`` now if nobody waits, else once it is this request's turn; 429/503 on failure.
+    async def admit(self, tenant: str, try_place: Callable[[], Placement | None], priority: int = 0) -> Placement:
+        """``try_place()`` now if nobody of this class or above waits, else once it is this request's
+        turn; 429/503 on failure.
 
         ``try_place`` returns a placement or None (no room anywhere); it raises for a request
         that must not wait (e.g. no healthy replica at all).
         """
-        if not self._size:
+        if not any(level >= priority for level in self._classes):
             placement = try_place()
             if placement is not None:
                 return placement
-        if self._size >= self.max_queue:
+        if self._size >= self.max_queue and not self._shed_below(priority):
             raise too_many_requests(
                 f"The gateway is at capacity and its queue is full ({self.max_queue} waiting); retry shortly.",
                 retry_after_s=1,
                 code="queue_full",
             )
-        waiter = self._enqueue(tenant)
+        waiter = self._enqueue(tenant, priority)
         self.notify()
         try:
             async with asyncio.timeout(self.timeout_s):
                 while True:
+                    if waiter.shed:
+                        raise too_many_requests(
+                            "The gateway is overloaded and shed this request for one of a higher priority; "
+                            "retry shortly.",
+                            retry_after_s=1,
+                            code="shed_for_priority",
+                        )
                     if self._head() is waiter:
                         placement = try_place()
                         if placement is not None:
-                            self._lines.move_to_end(tenant)
+                            self._classes[priority].move_to_end(tenant)
                             return placement
                     waiter.turn.clear()
                     await waiter.turn.wait()
@@ -86,20 +111,39 @@ class AdmissionQueue:
         if head is not None:
             head.turn.set()
 
-    def _enqueue(self, tenant: str) -> _Waiter:
-        waiter = _Waiter(tenant)
-        self._lines.setdefault(tenant, deque()).append(waiter)
+    def _enqueue(self, tenant: str, priority: int) -> _Waiter:
+        waiter = _Waiter(tenant, priority)
+        self._classes.setdefault(priority, OrderedDict()).setdefault(tenant, deque()).append(waiter)
         self._size += 1
         return waiter
 
     def _remove(self, waiter: _Waiter) -> None:
-        line = self._lines[waiter.tenant]
+        lines = self._classes.get(waiter.priority)
+        line = lines.get(waiter.tenant) if lines is not None else None
+        if lines is None or line is None or waiter not in line:
+            return
         line.remove(waiter)
         self._size -= 1
         if not line:
-            del self._lines[waiter.tenant]
+            del lines[waiter.tenant]
+        if not lines:
+            del self._classes[waiter.priority]
+
+    def _shed_below(self, priority: int) -> bool:
+        """Push the newest waiter of the lowest class below ``priority`` out of the queue; False if none."""
+        lower = [level for level in self._classes if level < priority]
+        if not lower:
+            return False
+        lines = self._classes[min(lower)]
+        newest = max((line[-1] for line in lines.values()), key=lambda waiter: waiter.arrival)
+        self._remove(newest)
+        newest.shed = True
+        newest.turn.set()
+        return True
 
     def _head(self) -> _Waiter | None:
-        for line in self._lines.values():
+        if not self._classes:
+            return None
+        for line in self._classes[max(self._classes)].values():
             return line[0]
         return None

@@ -2,6 +2,7 @@
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
@@ -12,6 +13,10 @@ from gateway.admission.config import TenantConfig, TokenCaps
 from gateway.admission.limiter import TenantLimiter, TokenCharge
 from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.token_bucket import TokenBucket
+from gateway.errors import bad_request
+
+PRIORITY_HEADER = "x-kvgate-priority"
+"""The request header that picks an admission class, where the tenant's config allows it."""
 
 NO_CAPS = TokenCaps()
 """The anonymous tenant's caps: one object, so per-request lookups keyed by it hit a cache."""
@@ -72,6 +77,26 @@ class Tenant:
         return config is not None and any(
             cap is not None for cap in (config.max_concurrency, config.tokens_per_minute, config.requests_per_minute)
         )
+
+    def priority(self, headers: Mapping[str, str]) -> int:
+        """The request's admission class: the tenant's, or the header's where the config allows it (else 400)."""
+        given = headers.get(PRIORITY_HEADER)
+        default = self.config.priority if self.config else 0
+        if given is None:
+            return default
+        allowed = self.config.max_header_priority if self.config else None
+        if allowed is None:
+            raise bad_request(f"Tenant '{self.name}' may not set {PRIORITY_HEADER}.", code="priority_not_allowed")
+        try:
+            value = int(given)
+        except ValueError:
+            raise bad_request(f"{PRIORITY_HEADER} must be an integer, not {given!r}.", code="invalid_value") from None
+        if value > allowed:
+            raise bad_request(
+                f"{PRIORITY_HEADER} {value} is above the {allowed} allowed for tenant '{self.name}'.",
+                code="priority_not_allowed",
+            )
+        return value
 
 
 class TenantRegistry:

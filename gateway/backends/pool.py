@@ -46,7 +46,12 @@ class Backend:
     """The task reading its load socket, when it has one."""
     max_model_len: int | None = None
     """The context length its /v1/models reports (bundled engine, vLLM), read when it turns healthy."""
+    reported_adapters: frozenset[str] = frozenset()
+    """LoRA adapters its /v1/models lists (vLLM: entries with a `parent`), read when it turns healthy."""
     last_checked: float = 0.0
+
+    def serves_adapter(self, adapter: str | None) -> bool:
+        return adapter is None or adapter in self.spec.adapters or adapter in self.reported_adapters
 
     @property
     def name(self) -> str:
@@ -179,6 +184,10 @@ class BackendPool:
         """
         return [backend for backend in self.serving(model) if backend.usable]
 
+    def reported_adapters(self) -> dict[str, str]:
+        """LoRA adapters the replicas list in their /v1/models, each with the model it adapts."""
+        return {adapter: backend.model for backend in self.backends.values() for adapter in backend.reported_adapters}
+
     def context_length(self, model: str) -> int | None:
         """The smallest context length the model's replicas report."""
         reported = [backend.max_model_len for backend in self.serving(model) if backend.max_model_len]
@@ -255,15 +264,18 @@ class BackendPool:
     async def _check(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         timeout = aiohttp.ClientTimeout(total=self.health.timeout_s)
         url = backend.spec.url
+        headers = backend.spec.upstream_headers()
         try:
-            async with session.get(f"{url}/health", timeout=timeout) as response:
+            async with session.get(f"{url}/health", timeout=timeout, headers=headers) as response:
                 ok = response.status == 200
             if ok:
                 await self._read_load(session, backend, timeout)
         except (TimeoutError, aiohttp.ClientError):
             ok = False
         if backend.record_check(ok, self.health):
-            backend.max_model_len = _max_model_len(await _get_json(session, f"{url}/v1/models", timeout))
+            models = await _get_json(session, f"{url}/v1/models", timeout, headers)
+            backend.max_model_len = _max_model_len(models)
+            backend.reported_adapters = _adapters(models)
 
     async def _read_load(
         self, session: aiohttp.ClientSession, backend: Backend, timeout: aiohttp.ClientTimeout
@@ -289,10 +301,12 @@ class BackendPool:
             listener()
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> dict | None:
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout, headers: dict[str, str]
+) -> dict | None:
     """A JSON object from ``url``, or None."""
     try:
-        async with session.get(url, timeout=timeout) as response:
+        async with session.get(url, timeout=timeout, headers=headers) as response:
             if response.status == 200:
                 value = await response.json(content_type=None)
                 return value if isinstance(value, dict) else None
@@ -306,3 +320,9 @@ def _max_model_len(models: dict | None) -> int | None:
     entries = [entry.get("max_model_len") for entry in data or [] if isinstance(entry, dict)]
     lengths = [length for length in entries if isinstance(length, int) and length > 0]
     return min(lengths) if lengths else None
+
+
+def _adapters(models: dict | None) -> frozenset[str]:
+    data = (models or {}).get("data")
+    entries = [entry for entry in data or [] if isinstance(entry, dict)]
+    return frozenset(entry["id"] for entry in entries if entry.get("parent") and isinstance(entry.get("id"), str))

@@ -7,11 +7,17 @@ answer for a whole one).
 Streaming requests always ask the backend for usage (the gateway needs it for metrics and
 calibration) and drop that final chunk again when the client did not ask for it. Timeouts are
 ``asyncio.timeout`` scopes (a timer each), not ``wait_for`` (a task per call and per streamed line).
+A Responses stream (``stream_format="responses"``) carries its usage in its closing
+``response.completed`` (or ``.incomplete``) event and ends without ``[DONE]``; it is relayed
+untouched (and not capped).
 
 The call's ``outcome`` is filled in as the answer flows, so the caller can still read what was
 relayed (token-bearing chunks, usage) when the client leaves and the handler is cancelled. A
-stream that goes past the granted ``max_tokens`` is ended by the gateway itself (finish reason
-``length``), whatever the backend does.
+stream that goes past the granted ``max_tokens`` (all ``n`` samples together) is ended by the
+gateway itself (finish reason ``length``), whatever the backend does.
+
+Requests carry the replica's upstream headers (API key, extra headers) and the trace context;
+the API key is redacted from any error body a provider sends back.
 """
 
 import asyncio
@@ -23,9 +29,12 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 from aiohttp import web
+from opentelemetry import trace
 
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
+from protocol.openai import chat_usage
+from protocol.tracing import inject_current, span
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -73,16 +82,33 @@ class ProxyCall:
     """Called once when the first streamed event carrying output arrives (the backend's prefill is done)."""
     outcome: UpstreamOutcome = field(default_factory=lambda: UpstreamOutcome(status=0))
     """Filled in as the answer flows; ``forward`` returns it."""
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    """Headers sent to the backend beside Content-Type (Authorization, extra headers, traceparent)."""
+    stream_format: str = "chat"
+    """``chat`` (chat and text completions: ``data:`` chunks, ``[DONE]``) or ``responses``."""
+    secret: str | None = None
+    """The upstream API key, redacted from error bodies the backend returns."""
 
 
 async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
+    """The call under a `gateway.upstream` span, whose id the backend gets as its parent."""
+    with span("gateway.upstream", kind=trace.SpanKind.CLIENT):
+        return await _forward(call, client_request)
+
+
+async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
     body = call.body
-    if call.stream:
+    if call.stream and call.stream_format == "chat":
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     timeout = aiohttp.ClientTimeout(sock_connect=call.timeouts.connect_s, sock_read=None)
     try:
         async with asyncio.timeout(call.timeouts.first_token_s):
-            upstream = await call.session.post(call.url, data=orjson.dumps(body), headers=_JSON, timeout=timeout)
+            upstream = await call.session.post(
+                call.url,
+                data=orjson.dumps(body),
+                headers=inject_current({**call.upstream_headers, **_JSON}),
+                timeout=timeout,
+            )
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
@@ -107,6 +133,8 @@ async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tup
     if upstream.status == 200:
         outcome.completed = True
         outcome.usage = _usage_of(data)
+    elif call.secret:
+        data = data.replace(call.secret.encode(), b"[redacted]")
     response = web.Response(
         status=upstream.status,
         body=data,
@@ -132,12 +160,13 @@ async def _relay_stream(
     await response.prepare(client_request)
     failure: str | None = None
     try:
-        await _write_event(call, response, outcome, first)
-        async for event in events:
-            await _write_event(call, response, outcome, event)
-            if outcome.capped:
-                upstream.close()
-                break
+        with span("gateway.stream"):
+            await _write_event(call, response, outcome, first)
+            async for event in events:
+                await _write_event(call, response, outcome, event)
+                if outcome.capped:
+                    upstream.close()
+                    break
         if not outcome.completed:
             failure = "backend stream ended before [DONE]"
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -146,13 +175,31 @@ async def _relay_stream(
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         failure = f"backend stream ended abnormally: {type(exc).__name__}"
     if failure is not None:
-        error = OpenAIError(502, failure, "upstream_error")
-        await _write_quietly(response, b"data: " + orjson.dumps(error.body()) + b"\n\n")
+        await _write_quietly(response, _failure_event(call, failure))
     await _write_eof_quietly(response)
     return response, outcome
 
 
+def _failure_event(call: ProxyCall, failure: str) -> bytes:
+    """The SSE event that ends a broken stream: an error chunk, or a Responses `error` event."""
+    if call.stream_format == "responses":
+        event = {"type": "error", "code": "upstream_error", "message": failure, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"data: " + orjson.dumps(OpenAIError(502, failure, "upstream_error").body()) + b"\n\n"
+
+
+def _first_token(call: ProxyCall, outcome: UpstreamOutcome) -> None:
+    outcome.first_token_at = time.perf_counter()
+    call.on_first_token()
+
+
 async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, event: bytes) -> None:
+    if call.stream_format == "responses":
+        _read_responses_event(outcome, event)
+        if outcome.first_token_at is None and (b'"response.output_text.delta"' in event or outcome.completed):
+            _first_token(call, outcome)
+        await response.write(event)
+        return
     payload = event.removeprefix(b"data: ").strip()
     if payload == b"[DONE]":
         outcome.completed = True
@@ -161,8 +208,7 @@ async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: U
     chunk = _json_or_none(payload)
     if chunk is not None and carries_output(chunk):
         if outcome.first_token_at is None:
-            outcome.first_token_at = time.perf_counter()
-            call.on_first_token()
+            _first_token(call, outcome)
         if outcome.token_chunks >= call.max_tokens:
             await _end_at_cap(call, response, outcome, chunk)
             return
@@ -232,9 +278,27 @@ async def _sse_events(content: aiohttp.StreamReader, timeouts: TimeoutsConfig) -
             wait_s = timeouts.idle_stream_s
 
 
+_RESPONSES_END = {"response.completed": True, "response.incomplete": True, "response.failed": False}
+"""The closing events of a Responses stream, and whether each means the backend finished the answer."""
+
+
+def _read_responses_event(outcome: UpstreamOutcome, event: bytes) -> None:
+    """Note the end of a Responses stream and its usage (in chat terms) from its closing event."""
+    if b'"response.' not in event or b'"usage"' not in event:
+        return
+    data = b"".join(line.removeprefix(b"data:") for line in event.splitlines() if line.startswith(b"data:"))
+    payload = _json_or_none(data.strip())
+    if payload is None or payload.get("type") not in _RESPONSES_END:
+        return
+    outcome.completed = _RESPONSES_END[payload["type"]]
+    usage = (payload.get("response") or {}).get("usage")
+    outcome.usage = chat_usage(usage) if isinstance(usage, dict) else None
+
+
 def _usage_of(data: bytes) -> dict | None:
     body = _json_or_none(data)
-    return body.get("usage") if body else None
+    usage = body.get("usage") if body else None
+    return chat_usage(usage) if isinstance(usage, dict) else None
 
 
 def _json_or_none(data: bytes) -> dict | None:

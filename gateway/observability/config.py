@@ -19,3 +19,6 @@ class ObservabilityConfig(ConfigSection):
     """Characters of stable text shown before a prefix breaker (0: show only the masked span)."""
     breaker_samples_per_s: float = Field(20.0, gt=0)
     """At most this many requests a second are compared for prefix breakers (each costs ~0.3 ms)."""
+    otlp_traces_endpoint: str | None = None
+    """OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) for the gateway's trace spans;
+    None: no spans are exported (W3C trace context is still propagated). Read at start-up only."""

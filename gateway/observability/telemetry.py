@@ -46,6 +46,7 @@ class Telemetry:
         dispatched: Dispatched,
         tenant: str | None,
         started: float,
+        trace_id: str | None = None,
     ) -> None:
         """A request a backend answered; ``started`` is its arrival (``time.perf_counter()``)."""
         record = _served_record(
@@ -54,6 +55,7 @@ class Telemetry:
         record.status = _status(dispatched)
         record.queued_s = dispatched.queued_s
         record.normalized_rules = list(normalized.changed)
+        record.trace_id = trace_id
         asyncio.get_running_loop().call_soon(self._observe_completion, record, normalized.body, model, route_request)
 
     def observe_client_gone(
@@ -85,7 +87,9 @@ class Telemetry:
         record.status = CLIENT_GONE
         self._observe(record, None)
 
-    def observe_rejection(self, request_id: str, error: OpenAIError, tenant: str | None, started: float) -> None:
+    def observe_rejection(
+        self, request_id: str, error: OpenAIError, tenant: str | None, started: float, trace_id: str | None = None
+    ) -> None:
         """A request the gateway answered with an error itself (bad input, caps, queue, no replica)."""
         record = RequestRecord(
             request_id=request_id,
@@ -94,6 +98,7 @@ class Telemetry:
             status=str(error.status),
             error_code=error.code or error.type,
             e2e_s=time.perf_counter() - started,
+            trace_id=trace_id,
         )
         asyncio.get_running_loop().call_soon(self._observe, record, None)
 

@@ -27,6 +27,8 @@ class RequestRecord:
     ttft_s: float | None = None
     e2e_s: float = 0.0
     normalized_rules: list[str] = field(default_factory=list)
+    trace_id: str | None = None
+    """The W3C trace this request belongs to (the caller's `traceparent`, or one the gateway started)."""
     finished_at: float = field(default_factory=time.time)
 
     @property
@@ -59,4 +61,5 @@ class RequestRecord:
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
             "e2e_s": round(self.e2e_s, 4),
             "normalized": self.normalized_rules,
+            "trace_id": self.trace_id,
         }

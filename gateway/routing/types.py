@@ -15,6 +15,8 @@ class RouteRequest:
     session_key: str | None = None
     cache_salt: str | None = None
     token_ids: list[int] = field(default_factory=list, repr=False)
+    adapter: str | None = None
+    """The LoRA adapter asked for: only replicas that serve it may take the request."""
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,18 @@ def test_bodies_within_limits_pass() -> None:
 def test_depth_check_is_not_recursive() -> None:
     with pytest.raises(OpenAIError):
         check_input({"prompt": "x", "extra": nested(100_000)}, LimitsConfig())
+
+
+def test_embedding_and_responses_inputs_are_capped_like_prompts() -> None:
+    limits = LimitsConfig(max_content_chars=10, max_messages=2)
+    check_input({"input": ["short", "x" * 5]}, limits)
+    for body, param in (
+        ({"input": "x" * 11}, "input"),
+        ({"input": ["ok", "x" * 11]}, "input.1"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x" * 11}]}]}, "input.0.content"),
+        ({"input": ["a", "b", "c"]}, "input"),
+        ({"input": "hi", "instructions": "x" * 11}, "instructions"),
+    ):
+        with pytest.raises(OpenAIError) as error:
+            check_input(body, limits)
+        assert error.value.status == 400 and error.value.param == param

@@ -69,9 +69,22 @@ async def test_prompt_plus_max_tokens_over_the_context_is_400(gateway: ManagedPr
     assert "maximum context length is 256 tokens" in body["error"]["message"]
 
 
-async def test_n_above_one_is_400(gateway: ManagedProcess) -> None:
-    status, _, body = await call(gateway, chat("hello", n=2))
+async def test_n_samples_are_capped_per_sample_and_n_is_bounded(gateway: ManagedProcess) -> None:
+    status, _, body = await call(gateway, chat("word " * 150, n=3, max_tokens=64, ignore_eos=True))
+    assert status == 200 and sorted(choice["index"] for choice in body["choices"]) == [0, 1, 2]
+    assert body["usage"]["completion_tokens"] == 3 * 64, "the 200-token prompt cap counts the prompt once"
+    status, _, body = await call(gateway, chat("hello", n=129))
     assert status == 400 and body["error"]["param"] == "n"
+
+
+async def test_n_samples_reserve_kv_for_every_sample(gateway: ManagedProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = chat("hello", max_tokens=64, n=4, ignore_eos=True)
+        running_request = asyncio.create_task(stream(session, f"{gateway.url}/v1/chat/completions", body))
+        status = await wait_for_status(session, gateway.url, lambda status: status["backends"][0]["in_flight"] == 1)
+        code, events = await running_request
+    assert status["backends"][0]["kv_reserved_blocks"] >= 4 * 64 // 16, "n x max_tokens output blocks are reserved"
+    assert code == 200 and events[-1] == b"[DONE]"
 
 
 async def test_request_without_max_tokens_gets_the_cap(gateway: ManagedProcess) -> None:

@@ -87,3 +87,37 @@ async def test_newcomers_wait_behind_the_queue() -> None:
     slots.free = 1
     queue.notify()
     assert await second == "second"
+
+
+async def test_a_higher_class_leaves_the_queue_first() -> None:
+    queue = AdmissionQueue(max_queue=10, timeout_s=5)
+    slots = Slots(0)
+    low = asyncio.create_task(queue.admit("batch", lambda: slots.take("low"), priority=0))
+    await asyncio.sleep(0)
+    high = asyncio.create_task(queue.admit("interactive", lambda: slots.take("high"), priority=5))
+    await asyncio.sleep(0)
+    slots.free = 1
+    queue.notify()
+    assert await high == "high" and not low.done()
+    slots.free = 1
+    queue.notify()
+    assert await low == "low"
+
+
+async def test_a_full_queue_sheds_its_lowest_class_for_a_higher_one() -> None:
+    queue = AdmissionQueue(max_queue=2, timeout_s=5)
+    slots = Slots(0)
+    low = [asyncio.create_task(queue.admit("batch", lambda: slots.take("low"), priority=0)) for _ in range(2)]
+    await asyncio.sleep(0)
+    high = asyncio.create_task(queue.admit("interactive", lambda: slots.take("high"), priority=1))
+    await asyncio.sleep(0)
+    with pytest.raises(OpenAIError) as shed:
+        await low[1]
+    assert shed.value.status == 429 and shed.value.code == "shed_for_priority" and shed.value.headers["Retry-After"]
+    assert not low[0].done() and len(queue) == 2
+    with pytest.raises(OpenAIError) as refused:
+        await queue.admit("batch", lambda: slots.take("late"), priority=0)
+    assert refused.value.code == "queue_full", "the lowest class is refused, not let in by shedding its own"
+    slots.free = 2
+    queue.notify()
+    assert await high == "high" and await low[0] == "low"

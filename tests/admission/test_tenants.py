@@ -4,7 +4,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.admission.config import AdminConfig, TenantConfig
-from gateway.admission.tenants import ANONYMOUS, TenantRegistry
+from gateway.admission.tenants import ANONYMOUS, PRIORITY_HEADER, Tenant, TenantRegistry
 from gateway.errors import OpenAIError
 
 
@@ -106,3 +106,14 @@ async def test_a_request_that_fails_gives_its_tokens_back(monkeypatch: pytest.Mo
             raise RuntimeError("backend gone")
     async with b.admit(100):
         pass
+
+
+def test_priority_comes_from_the_tenant_or_an_allowed_header() -> None:
+    fixed = Tenant("batch", TenantConfig(name="batch", api_keys=["k1"], priority=-1))
+    chooser = Tenant("app", TenantConfig(name="app", api_keys=["k2"], priority=1, max_header_priority=5))
+    assert fixed.priority({}) == -1 and chooser.priority({}) == 1
+    assert chooser.priority({PRIORITY_HEADER: "4"}) == 4
+    for tenant, value in ((fixed, "3"), (chooser, "6"), (chooser, "high")):
+        with pytest.raises(OpenAIError) as error:
+            tenant.priority({PRIORITY_HEADER: value})
+        assert error.value.status == 400

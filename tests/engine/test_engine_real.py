@@ -1,4 +1,5 @@
-"""The full engine (scheduler, block manager, prefix cache, real runner) on the bundled SmolLM2."""
+"""The full engine (scheduler, block manager, prefix cache, real runner) on the bundled SmolLM2,
+and its OpenAI extras (logprobs, n > 1 with a seed, logit bias, embeddings) checked against transformers."""
 
 import asyncio
 from collections.abc import Iterator
@@ -7,6 +8,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from engine.block_manager import BlockManager
 from engine.llm_engine import LLMEngine
@@ -119,3 +121,87 @@ def test_real_model_answers_through_the_server(real_engine: ManagedProcess, tmp_
         == first.choices[0].message.content
     )
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 32
+
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def reference() -> PreTrainedModel:
+    """transformers' model on the same float32 weights, for logprobs and hidden states."""
+    load_model(MODEL)
+    folder = resolve_model(MODEL).cache_dir / "hf"
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+
+
+@pytest.fixture(scope="module")
+def api_client(real_engine: ManagedProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{real_engine.url}/v1", api_key="unused", max_retries=0)
+
+
+@torch.inference_mode()
+def test_completion_logprobs_match_transformers(
+    api_client: openai.OpenAI, reference: PreTrainedModel, tokenizer: ChatTokenizer
+) -> None:
+    prompt = tokenizer.encode_text(PROMPT)
+    result = api_client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0, logprobs=3)
+    logprobs = result.choices[0].logprobs
+    expected = torch.log_softmax(reference(torch.tensor([prompt])).logits[0, -1].float(), dim=-1)
+    top = expected.topk(3)
+    assert logprobs.tokens[0] == tokenizer.decode([int(top.indices[0])], skip_special_tokens=False)
+    assert logprobs.token_logprobs[0] == pytest.approx(top.values[0].item(), abs=1e-3)
+    names = [tokenizer.decode([int(index)], skip_special_tokens=False) for index in top.indices]
+    assert list(logprobs.top_logprobs[0]) == names
+    assert list(logprobs.top_logprobs[0].values()) == pytest.approx(top.values.tolist(), abs=1e-3)
+    streamed = api_client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=2, temperature=0, logprobs=3, stream=True
+    )
+    streamed_logprobs = [value for chunk in streamed for value in chunk.choices[0].logprobs.token_logprobs]
+    assert streamed_logprobs == pytest.approx(logprobs.token_logprobs, abs=1e-4)
+
+
+def test_n_seeded_samples_differ_reproduce_and_share_the_prompt(api_client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Write one sentence about the sea, the sky and the mountains."}]
+
+    def sample() -> openai.types.chat.ChatCompletion:
+        return api_client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=6, n=3, temperature=1.0, seed=7, extra_body={"ignore_eos": True}
+        )
+
+    first, second = sample(), sample()
+    texts = [choice.message.content for choice in sorted(first.choices, key=lambda choice: choice.index)]
+    assert len(set(texts)) > 1, "seed + index gives each sample its own draws"
+    assert texts == [choice.message.content for choice in sorted(second.choices, key=lambda choice: choice.index)]
+    prompt_tokens = first.usage.prompt_tokens
+    assert first.usage.completion_tokens == 18
+    assert first.usage.prompt_tokens_details.cached_tokens == (prompt_tokens - 1) // 16 * 16 > 0
+
+
+def test_logit_bias_forces_a_token_and_penalties_spare_the_prompt(
+    api_client: openai.OpenAI, tokenizer: ChatTokenizer
+) -> None:
+    banana = tokenizer.encode_text(" banana")
+    assert len(banana) == 1
+    biased = api_client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logit_bias={str(banana[0]): 100}
+    )
+    assert biased.choices[0].text == " banana" * 3
+    plain = api_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    penalized = api_client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, frequency_penalty=2.0, presence_penalty=2.0
+    )
+    first_plain = tokenizer.encode_text(plain.choices[0].text)[0]
+    assert tokenizer.encode_text(penalized.choices[0].text)[0] == first_plain, "the prompt is not penalized"
+
+
+@torch.inference_mode()
+def test_embeddings_are_the_normalized_last_hidden_state(
+    api_client: openai.OpenAI, reference: PreTrainedModel, tokenizer: ChatTokenizer
+) -> None:
+    texts = ["The capital of France is Paris.", "Bananas are yellow."]
+    result = api_client.embeddings.create(model=MODEL, input=texts)
+    for text, item in zip(texts, result.data, strict=True):
+        hidden = reference.model(torch.tensor([tokenizer.encode_text(text)])).last_hidden_state[0, -1]
+        expected = torch.nn.functional.normalize(hidden.float(), dim=-1)
+        assert torch.allclose(torch.tensor(item.embedding), expected, atol=1e-4)
+    assert result.usage.prompt_tokens == sum(len(tokenizer.encode_text(text)) for text in texts)

@@ -159,3 +159,18 @@ def test_invalid_config_names_key_and_file(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "listen.port" in result.stderr and "routng: unknown key" in result.stderr and str(bad) in result.stderr
+
+
+def test_n_logprobs_and_embeddings_reach_the_real_model(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=4, n=2, temperature=0, logprobs=True, top_logprobs=1
+    )
+    first, second = sorted(chat.choices, key=lambda choice: choice.index)
+    assert first.message.content == second.message.content, "greedy samples agree"
+    for entry in first.logprobs.content:
+        assert entry.logprob <= 0 and entry.top_logprobs[0].token == entry.token
+        assert abs(entry.top_logprobs[0].logprob - entry.logprob) < 1e-6
+    assert chat.usage.completion_tokens == 8
+    assert chat.usage.prompt_tokens_details.cached_tokens == (chat.usage.prompt_tokens - 1) // 16 * 16
+    vector = client.embeddings.create(model=MODEL, input="Paris is the capital of France.").data[0].embedding
+    assert len(vector) == 576 and abs(sum(value * value for value in vector) - 1) < 1e-4

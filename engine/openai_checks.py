@@ -1,0 +1,171 @@
+"""The engine's own checks on OpenAI requests: model name, prompt tokens, context length, sampling.
+
+The request schemas and the error type are shared with the gateway (``protocol.openai``);
+what is here depends on this engine's model: its name, vocabulary and maximum context length.
+"""
+
+from typing import TypeVar
+
+import orjson
+from pydantic import BaseModel
+
+from engine.runner_api import SamplingParams
+from normalize.chat_tokenizer import ChatTokenizer, TemplateError
+from protocol.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerationRequest,
+    ResponsesRequest,
+    chat_messages,
+    responses_messages,
+    validate,
+)
+from protocol.openai_errors import OpenAIError, bad_request, model_not_found
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def parse_request(body: bytes, schema: type[RequestT]) -> RequestT:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}") from None
+    return validate(data, schema)
+
+
+def check_model(requested: str | None, served_model_name: str) -> None:
+    """The bundled engine serves one model and no LoRA adapters (it loads no adapter weights)."""
+    if requested is not None and requested != served_model_name:
+        raise model_not_found(requested, f"; this engine serves {served_model_name!r} and no LoRA adapters")
+
+
+def _checked_ids(token_ids: list[int], tokenizer: ChatTokenizer, param: str) -> list[int]:
+    if not token_ids:
+        raise bad_request(f"{param} is empty", param)
+    if any(token_id < 0 or token_id >= tokenizer.vocab_size for token_id in token_ids):
+        raise bad_request(f"{param} token ids must be in [0, {tokenizer.vocab_size})", param)
+    return token_ids
+
+
+def completion_prompt_ids(request: CompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+    """Token ids of a completion prompt given as text or as token ids (one prompt only)."""
+    if request.echo:
+        raise bad_request("echo is not supported by this engine", "echo", "unsupported_parameter")
+    prompts = _one_or_many(request.prompt)
+    if len(prompts) != 1:
+        raise bad_request("only one prompt per request is supported", "prompt")
+    prompt = prompts[0]
+    token_ids = tokenizer.encode_text(prompt) if isinstance(prompt, str) else prompt
+    return _checked_ids(token_ids, tokenizer, "prompt")
+
+
+def _one_or_many(value: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """A prompt or input given as one text or token list, or as a list of them."""
+    if isinstance(value, str) or not value or isinstance(value[0], int):
+        return [value]  # type: ignore[list-item]
+    return list(value)
+
+
+def _render(messages: list[dict], tools: list[dict] | None, tokenizer: ChatTokenizer, param: str) -> list[int]:
+    try:
+        token_ids = tokenizer.encode_chat(messages, tools)
+    except TemplateError as exc:
+        raise bad_request(str(exc), param) from None
+    if not token_ids:
+        raise bad_request(f"{param} render to an empty prompt", param)
+    return token_ids
+
+
+def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+    """Render the messages with the model's chat template and tokenize them (text parts only)."""
+    for message in request.messages:
+        if isinstance(message.content, list) and any(part.type != "text" for part in message.content):
+            raise bad_request("this engine reads only text content parts", "messages", "unsupported_value")
+    return _render(chat_messages(request), request.tools, tokenizer, "messages")
+
+
+def responses_prompt_ids(request: ResponsesRequest, tokenizer: ChatTokenizer) -> list[int]:
+    return _render(responses_messages(request), None, tokenizer, "input")
+
+
+def embedding_inputs(request: EmbeddingRequest, tokenizer: ChatTokenizer, max_model_len: int) -> list[list[int]]:
+    """Token ids of each input (a string, token ids, or a list of either)."""
+    inputs = []
+    for item in _one_or_many(request.input):
+        token_ids = tokenizer.encode_text(item) if isinstance(item, str) else list(item)
+        _checked_ids(token_ids, tokenizer, "input")
+        if len(token_ids) > max_model_len:
+            raise bad_request(
+                f"an input has {len(token_ids)} tokens; the maximum context length is {max_model_len}",
+                "input",
+                "context_length_exceeded",
+            )
+        inputs.append(token_ids)
+    return inputs
+
+
+def sampling_params(
+    request: GenerationRequest | ResponsesRequest, num_prompt_tokens: int, max_model_len: int, vocab_size: int
+) -> SamplingParams:
+    """Sampling parameters; without a token limit a request may fill the rest of the context."""
+    param = "input" if isinstance(request, ResponsesRequest) else "prompt"
+    if isinstance(request, ChatCompletionRequest):
+        param = "messages"
+    room = max_model_len - num_prompt_tokens
+    if room <= 0:
+        raise bad_request(
+            f"prompt has {num_prompt_tokens} tokens; this engine's maximum context length is {max_model_len} "
+            "(prompt plus at least one output token)",
+            param,
+            "context_length_exceeded",
+        )
+    if isinstance(request, ResponsesRequest):
+        return _responses_sampling(request, room)
+    max_tokens = request.requested_max_tokens
+    if max_tokens is not None and max_tokens > room:
+        raise bad_request(
+            f"max_tokens {max_tokens} plus {num_prompt_tokens} prompt tokens exceeds "
+            f"the maximum context length {max_model_len}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    return SamplingParams(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k or 0, 0),
+        seed=request.seed,
+        max_tokens=max_tokens or room,
+        stop=stop,
+        ignore_eos=request.ignore_eos,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(request.logit_bias or {}, vocab_size),
+        logprobs=request.num_logprobs,
+    )
+
+
+def _responses_sampling(request: ResponsesRequest, room: int) -> SamplingParams:
+    max_tokens = request.max_output_tokens
+    if max_tokens is not None and max_tokens > room:
+        raise bad_request(
+            f"max_output_tokens {max_tokens} exceeds the {room} tokens left in the context",
+            "max_output_tokens",
+            "context_length_exceeded",
+        )
+    return SamplingParams(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        max_tokens=max_tokens or room,
+    )
+
+
+def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}`` with keys checked against this model's vocabulary."""
+    checked = {}
+    for key, value in bias.items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise OpenAIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", param="logit_bias")
+        checked[int(key)] = value
+    return checked

@@ -1,0 +1,38 @@
+"""Embeddings from the causal LM's hidden states, pooled as vLLM pools a decoder-only model.
+
+vLLM's default pooler for the ``embed`` task on a generative model is ``LAST`` with
+normalization: the final-norm hidden state of the last prompt token, scaled to unit L2 norm.
+The forward runs over a scratch paged cache of its own, so an embedding request never takes
+blocks from (or adds blocks to) the engine's prefix cache.
+"""
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.kv_cache import PagedKVCache
+from engine.llama import LlamaForPagedLM
+from engine.runner_api import SamplingParams, SeqChunk
+from radix.blocks import blocks_for
+
+
+def last_token_embedding(
+    model: LlamaForPagedLM, token_ids: list[int], block_size: int, device: torch.device
+) -> list[float]:
+    num_blocks = blocks_for(len(token_ids), block_size)
+    compute_dtype = model.embed.dtype
+    cache = PagedKVCache(
+        model.num_layers,
+        num_blocks,
+        block_size,
+        model.num_kv_heads,
+        model.head_dim,
+        compute_dtype,
+        compute_dtype,
+        device,
+    )
+    chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
+    metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device)
+    positions = torch.arange(len(token_ids), device=device)
+    hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata)
+    last = hidden[-1].float()
+    return (last / last.norm().clamp(min=1e-12)).tolist()
