@@ -3,6 +3,7 @@
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.flashinfer_attention import FlashInferAttention, select_backend
 from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
@@ -18,7 +19,9 @@ class TorchModelRunner:
     """Implements ``engine.runner_api.ModelRunner`` with the Llama-family forward in ``engine.llama``.
 
     Single-token chunks (decodes) are attended in one batched call; longer chunks (prefill) one
-    by one; all linear layers run once over the step's packed tokens. ``eos_token_id`` is the
+    by one; all linear layers run once over the step's packed tokens. On CUDA with FlashInfer
+    installed, FlashInfer's paged kernels attend the whole step instead
+    (``engine.flashinfer_attention``). ``eos_token_id`` is the
     config's (the first, where it lists several). Beyond the pool, attention needs a scratch buffer
     as large as the K/V a step gathers (batch x longest context, in the compute dtype).
     """
@@ -53,6 +56,18 @@ class TorchModelRunner:
             storage = compute_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
             self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
         self.host_kv: HostKVBuffer | None = self.kv_cache.allocate_host(host_blocks) if host_blocks else None
+        self.attention_backend = select_backend(self.device, kv_cache_dtype, self.kv_cache.pool.dtype == compute_dtype)
+        self.flashinfer: FlashInferAttention | None = None
+        if self.attention_backend == "flashinfer":
+            self.flashinfer = FlashInferAttention(
+                loaded.config.num_attention_heads,
+                self.model.num_kv_heads,
+                self.model.head_dim,
+                block_size,
+                compute_dtype,
+                self.model.sliding_window,
+                self.device,
+            )
         self.sampler = Sampler(self.device)
         self._logprobs: dict[int, TokenLogprobs] = {}
 
@@ -79,7 +94,7 @@ class TorchModelRunner:
         ordered = [chunks[index] for index in order]
         decodes = [chunk for chunk in ordered if len(chunk.token_ids) == 1]
         metadata = AttentionMetadata.build(
-            decodes, ordered[len(decodes) :], self.block_size, self.model.sliding_window, self.device
+            decodes, ordered[len(decodes) :], self.block_size, self.model.sliding_window, self.device, self.flashinfer
         )
         token_ids = [token for chunk in ordered for token in chunk.token_ids]
         positions = [pos for chunk in ordered for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids))]

@@ -1,0 +1,36 @@
+"""Which attention backend a runner picks, and the log line that says why on CUDA."""
+
+import logging
+
+import pytest
+import torch
+
+from engine.flashinfer_attention import flashinfer_available, select_backend
+
+CUDA = torch.device("cuda")
+
+
+def test_cpu_always_takes_the_portable_path() -> None:
+    assert select_backend(torch.device("cpu"), "auto", True) == "portable"
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "same_dtype", "reason"),
+    [("fp8", False, "per-block scales"), ("float16", False, "another dtype")],
+)
+def test_cuda_kv_flashinfer_cannot_read_falls_back_with_a_log_line(
+    kv_cache_dtype: str, same_dtype: bool, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="engine.flashinfer_attention"):
+        assert select_backend(CUDA, kv_cache_dtype, same_dtype) == "portable"
+    assert reason in caplog.text
+
+
+def test_cuda_uses_flashinfer_where_installed_and_says_so_otherwise(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="engine.flashinfer_attention"):
+        backend = select_backend(CUDA, "auto", True)
+    if flashinfer_available():
+        assert backend == "flashinfer"
+    else:
+        assert backend == "portable"
+        assert "FlashInfer is not installed" in caplog.text
