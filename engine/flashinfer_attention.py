@@ -6,7 +6,7 @@ positions of its context), which is the engine's own rule. The wrapper is planne
 from the block tables and run once per layer on that layer's K and V pools, read in place by
 block table (NHD layout: ``[blocks, block_size, kv_heads, head_dim]``, the engine's own).
 
-Not used for fp8 KV (the engine scales each block; FlashInfer takes one scale per tensor), for KV
+Not used in float32 (FlashInfer's kernels take float16/bfloat16), for fp8 KV (the engine scales each block; FlashInfer takes one scale per tensor), for KV
 stored in another dtype than the model's, nor on CPU; ``select_backend`` says which backend a runner gets and why.
 """
 
@@ -28,9 +28,17 @@ def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def select_backend(device: torch.device, kv_cache_dtype: str, kv_in_compute_dtype: bool) -> str:
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def select_backend(
+    device: torch.device, compute_dtype: torch.dtype, kv_cache_dtype: str, kv_in_compute_dtype: bool
+) -> str:
     """``flashinfer`` or ``portable`` (SDPA over gathered blocks), with a log line on CUDA saying why."""
     if device.type != "cuda":
+        return "portable"
+    if compute_dtype not in FLASHINFER_DTYPES:
+        log.info("attention: portable SDPA path (FlashInfer computes in float16/bfloat16, not %s)", compute_dtype)
         return "portable"
     if kv_cache_dtype == "fp8":
         log.info("attention: portable SDPA path (fp8 KV has per-block scales, which FlashInfer does not take)")

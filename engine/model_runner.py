@@ -56,7 +56,9 @@ class TorchModelRunner:
             storage = compute_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
             self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
         self.host_kv: HostKVBuffer | None = self.kv_cache.allocate_host(host_blocks) if host_blocks else None
-        self.attention_backend = select_backend(self.device, kv_cache_dtype, self.kv_cache.pool.dtype == compute_dtype)
+        self.attention_backend = select_backend(
+            self.device, compute_dtype, kv_cache_dtype, self.kv_cache.pool.dtype == compute_dtype
+        )
         self.flashinfer: FlashInferAttention | None = None
         if self.attention_backend == "flashinfer":
             self.flashinfer = FlashInferAttention(

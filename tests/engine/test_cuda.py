@@ -50,7 +50,15 @@ def expected(prompts: list[list[int]]) -> list[list[int]]:
 def test_runner_keeps_its_tensors_on_the_gpu(runner: TorchModelRunner) -> None:
     assert runner.kv_cache.pool.device.type == "cuda"
     assert runner.model.embed.device.type == "cuda"
-    assert runner.attention_backend == ("flashinfer" if flashinfer_available() else "portable")
+    assert runner.attention_backend == "portable"
+
+
+def test_bfloat16_runs_flashinfer_where_installed_and_mostly_agrees(prompts, expected) -> None:
+    bf16 = TorchModelRunner(MODEL, BLOCK_SIZE, num_blocks=256, device="cuda", dtype="bfloat16")
+    assert bf16.attention_backend == ("flashinfer" if flashinfer_available() else "portable")
+    for result in (generate(bf16, prompts, 2), generate(bf16, prompts, 2, chunk_size=3, arrive_every=2)):
+        agreeing = sum(out[0] == ref[0] for out, ref in zip(result.outputs, expected, strict=True))
+        assert agreeing >= len(prompts) - 1
 
 
 def test_greedy_matches_transformers_on_the_gpu(runner, prompts, expected) -> None:

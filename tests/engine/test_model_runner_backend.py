@@ -11,7 +11,13 @@ CUDA = torch.device("cuda")
 
 
 def test_cpu_always_takes_the_portable_path() -> None:
-    assert select_backend(torch.device("cpu"), "auto", True) == "portable"
+    assert select_backend(torch.device("cpu"), torch.bfloat16, "auto", True) == "portable"
+
+
+def test_cuda_float32_falls_back_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="engine.flashinfer_attention"):
+        assert select_backend(CUDA, torch.float32, "auto", True) == "portable"
+    assert "float16/bfloat16" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -22,13 +28,13 @@ def test_cuda_kv_flashinfer_cannot_read_falls_back_with_a_log_line(
     kv_cache_dtype: str, same_dtype: bool, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="engine.flashinfer_attention"):
-        assert select_backend(CUDA, kv_cache_dtype, same_dtype) == "portable"
+        assert select_backend(CUDA, torch.bfloat16, kv_cache_dtype, same_dtype) == "portable"
     assert reason in caplog.text
 
 
 def test_cuda_uses_flashinfer_where_installed_and_says_so_otherwise(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="engine.flashinfer_attention"):
-        backend = select_backend(CUDA, "auto", True)
+        backend = select_backend(CUDA, torch.bfloat16, "auto", True)
     if flashinfer_available():
         assert backend == "flashinfer"
     else:
