@@ -6,8 +6,9 @@ positions of its context), which is the engine's own rule. The wrapper is planne
 from the block tables and run once per layer on that layer's K and V pools, read in place by
 block table (NHD layout: ``[blocks, block_size, kv_heads, head_dim]``, the engine's own).
 
-Not used in float32 (FlashInfer's kernels take float16/bfloat16), for fp8 KV (the engine scales each block; FlashInfer takes one scale per tensor), for KV
-stored in another dtype than the model's, nor on CPU; ``select_backend`` says which backend a runner gets and why.
+Not used in float32 (FlashInfer's kernels take float16/bfloat16), for fp8 KV (the engine scales
+each block; FlashInfer takes one scale per tensor), for KV stored in another dtype than the
+model's, nor on CPU; ``select_backend`` says which backend a runner gets and why.
 """
 
 import importlib.util
