@@ -13,6 +13,17 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
 
 
+@dataclass(frozen=True)
+class KVCacheShape:
+    """What sizes a KV pool: the model's layers, KV heads and head size, and the pool's blocks."""
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+
 @dataclass
 class HostKVBuffer:
     """The host tier's memory: ``[num_layers, 2, slots, block_size, kv_heads, head_dim]`` in the
@@ -31,20 +42,19 @@ class PagedKVCache:
     """KV stored in a float dtype (the model's own, or a narrower one to fit more tokens)."""
 
     def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        storage_dtype: torch.dtype,
-        compute_dtype: torch.dtype,
-        device: torch.device,
+        self, shape: KVCacheShape, storage_dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device
     ) -> None:
-        self.block_size = block_size
+        self.block_size = shape.block_size
         self.compute_dtype = compute_dtype
         self.pool = torch.zeros(
-            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=storage_dtype, device=device
+            shape.num_layers,
+            2,
+            shape.num_blocks,
+            shape.block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            dtype=storage_dtype,
+            device=device,
         )
         self._scratch = torch.empty(0, dtype=compute_dtype, device=device)
 
@@ -105,18 +115,9 @@ class Fp8PagedKVCache(PagedKVCache):
     zeroed, and the scale becomes the block's absolute maximum over the e4m3 maximum.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        compute_dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        super().__init__(num_layers, num_blocks, block_size, num_kv_heads, head_dim, FP8_DTYPE, compute_dtype, device)
-        self.scales = torch.ones(num_layers, 2, num_blocks, dtype=torch.float32, device=device)
+    def __init__(self, shape: KVCacheShape, compute_dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(shape, FP8_DTYPE, compute_dtype, device)
+        self.scales = torch.ones(shape.num_layers, 2, shape.num_blocks, dtype=torch.float32, device=device)
 
     def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         pool, scales = self.pool[layer], self.scales[layer]

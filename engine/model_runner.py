@@ -4,7 +4,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.flashinfer_attention import FlashInferAttention, select_backend
-from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, PagedKVCache
+from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
 from engine.pooling import last_token_embedding
@@ -49,12 +49,14 @@ class TorchModelRunner:
         eos = loaded.config.eos_token_id
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         self.model = LlamaForPagedLM(loaded.config, loaded.weights, compute_dtype, self.device)
-        shape = (self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads, self.model.head_dim)
+        shape = KVCacheShape(
+            self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads, self.model.head_dim
+        )
         if kv_cache_dtype == "fp8":
-            self.kv_cache: PagedKVCache = Fp8PagedKVCache(*shape, compute_dtype, self.device)
+            self.kv_cache: PagedKVCache = Fp8PagedKVCache(shape, compute_dtype, self.device)
         else:
             storage = compute_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
-            self.kv_cache = PagedKVCache(*shape, storage, compute_dtype, self.device)
+            self.kv_cache = PagedKVCache(shape, storage, compute_dtype, self.device)
         self.host_kv: HostKVBuffer | None = self.kv_cache.allocate_host(host_blocks) if host_blocks else None
         self.attention_backend = select_backend(
             self.device, compute_dtype, kv_cache_dtype, self.kv_cache.pool.dtype == compute_dtype

@@ -9,7 +9,7 @@ blocks from (or adds blocks to) the engine's prefix cache.
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.kv_cache import PagedKVCache
+from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
@@ -20,16 +20,8 @@ def last_token_embedding(
 ) -> list[float]:
     num_blocks = blocks_for(len(token_ids), block_size)
     compute_dtype = model.embed.dtype
-    cache = PagedKVCache(
-        model.num_layers,
-        num_blocks,
-        block_size,
-        model.num_kv_heads,
-        model.head_dim,
-        compute_dtype,
-        compute_dtype,
-        device,
-    )
+    shape = KVCacheShape(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    cache = PagedKVCache(shape, compute_dtype, compute_dtype, device)
     chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
     metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device)
     positions = torch.arange(len(token_ids), device=device)

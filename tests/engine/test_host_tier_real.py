@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.block_manager import BlockManager
-from engine.kv_cache import Fp8PagedKVCache, PagedKVCache
+from engine.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.model_runner import TorchModelRunner
@@ -18,15 +18,16 @@ torch.set_num_threads(2)
 
 MODEL = "smollm2-135m"
 LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM = 2, 8, 4, 2, 8
+SHAPE = KVCacheShape(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM)
 CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_blocks_round_trip_through_host_memory_bit_for_bit(fp8: bool) -> None:
     if fp8:
-        cache: PagedKVCache = Fp8PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.float32, CPU)
+        cache: PagedKVCache = Fp8PagedKVCache(SHAPE, torch.float32, CPU)
     else:
-        cache = PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.bfloat16, torch.float32, CPU)
+        cache = PagedKVCache(SHAPE, torch.bfloat16, torch.float32, CPU)
     for layer in range(LAYERS):
         slots = torch.arange(BLOCKS * BLOCK_SIZE)
         cache.write(

@@ -2,9 +2,10 @@
 
 import torch
 
-from engine.kv_cache import Fp8PagedKVCache, PagedKVCache
+from engine.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
 
 LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM = 2, 8, 4, 2, 8
+SHAPE = KVCacheShape(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM)
 CPU = torch.device("cpu")
 
 
@@ -13,7 +14,7 @@ def tokens(count: int, scale: float = 1.0) -> torch.Tensor:
 
 
 def test_written_slots_read_back_in_block_table_order() -> None:
-    cache = PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.float32, torch.float32, CPU)
+    cache = PagedKVCache(SHAPE, torch.float32, torch.float32, CPU)
     key, value = tokens(6), tokens(6)
     table = [5, 2]
     slots = torch.tensor([table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(6)])
@@ -27,7 +28,7 @@ def test_written_slots_read_back_in_block_table_order() -> None:
 
 
 def test_narrower_storage_dtype_reads_back_in_compute_dtype() -> None:
-    cache = PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.bfloat16, torch.float32, CPU)
+    cache = PagedKVCache(SHAPE, torch.bfloat16, torch.float32, CPU)
     key = tokens(4)
     cache.write(0, torch.arange(4), key, key)
     keys, _ = cache.read(0, torch.tensor([0]))
@@ -36,7 +37,7 @@ def test_narrower_storage_dtype_reads_back_in_compute_dtype() -> None:
 
 
 def test_fp8_appends_grow_the_block_scale_and_stay_close() -> None:
-    cache = Fp8PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.float32, CPU)
+    cache = Fp8PagedKVCache(SHAPE, torch.float32, CPU)
     written = torch.cat([tokens(1, scale=10.0**offset) for offset in range(BLOCK_SIZE)])
     for offset in range(BLOCK_SIZE):
         slot = torch.tensor([3 * BLOCK_SIZE + offset])
@@ -49,7 +50,7 @@ def test_fp8_appends_grow_the_block_scale_and_stay_close() -> None:
 
 
 def test_fp8_stale_contents_of_a_reused_block_do_not_widen_its_scale() -> None:
-    cache = Fp8PagedKVCache(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM, torch.float32, CPU)
+    cache = Fp8PagedKVCache(SHAPE, torch.float32, CPU)
     cache.write(0, torch.arange(BLOCK_SIZE), tokens(BLOCK_SIZE, 1000.0), tokens(BLOCK_SIZE, 1000.0))
     small = tokens(2)
     cache.write(0, torch.arange(2), small, small)
