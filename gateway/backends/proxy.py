@@ -9,7 +9,7 @@ calibration) and drop that final chunk again when the client did not ask for it.
 ``asyncio.timeout`` scopes (a timer each), not ``wait_for`` (a task per call and per streamed line).
 A Responses stream (``stream_format="responses"``) carries its usage in its closing
 ``response.completed`` (or ``.incomplete``) event and ends without ``[DONE]``; it is relayed
-untouched (and not capped).
+untouched up to the cap (past it, the gateway closes it with ``response.incomplete``).
 
 The call's ``outcome`` is filled in as the answer flows, so the caller can still read what was
 relayed (token-bearing chunks, usage) when the client leaves and the handler is cancelled. A
@@ -196,8 +196,14 @@ def _first_token(call: ProxyCall, outcome: UpstreamOutcome) -> None:
 async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, event: bytes) -> None:
     if call.stream_format == "responses":
         _read_responses_event(outcome, event)
-        if outcome.first_token_at is None and (b'"response.output_text.delta"' in event or outcome.completed):
+        delta = b'"response.output_text.delta"' in event
+        if outcome.first_token_at is None and (delta or outcome.completed):
             _first_token(call, outcome)
+        if delta:
+            if outcome.token_chunks >= call.max_tokens:
+                await _end_responses_at_cap(call, response, outcome)
+                return
+            outcome.token_chunks += 1
         await response.write(event)
         return
     payload = event.removeprefix(b"data: ").strip()
@@ -258,6 +264,30 @@ async def _end_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: Up
     if call.include_usage:
         events.append({**chunk, "choices": [], "usage": outcome.usage})
     await response.write(b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n")
+
+
+async def _end_responses_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome) -> None:
+    """A Responses stream went past the granted cap: close it as an answer cut at max_output_tokens."""
+    outcome.capped = outcome.completed = True
+    outcome.usage = {
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.max_tokens,
+        "total_tokens": call.prompt_tokens + call.max_tokens,
+    }
+    closing = {
+        "type": "response.incomplete",
+        "response": {
+            "object": "response",
+            "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "usage": {
+                "input_tokens": call.prompt_tokens,
+                "output_tokens": call.max_tokens,
+                "total_tokens": call.prompt_tokens + call.max_tokens,
+            },
+        },
+    }
+    await response.write(b"event: response.incomplete\ndata: " + orjson.dumps(closing) + b"\n\n")
 
 
 async def _sse_events(content: aiohttp.StreamReader, timeouts: TimeoutsConfig) -> AsyncIterator[bytes]:

@@ -53,6 +53,29 @@ class RunawayBackend:
             self.sent.append(written)
         return response
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """A Responses stream of CHUNKS text deltas, whatever max_output_tokens it was given."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        written = 0
+        try:
+            await response.write(_responses_event({"type": "response.created", "response": {"id": "resp_x"}}))
+            for index in range(CHUNKS):
+                await response.write(_responses_event({"type": "response.output_text.delta", "delta": f" w{index}"}))
+                written += 1
+                await asyncio.sleep(0.002)
+            usage = {"input_tokens": 5, "output_tokens": CHUNKS, "total_tokens": CHUNKS + 5}
+            await response.write(_responses_event({"type": "response.completed", "response": {"usage": usage}}))
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass
+        finally:
+            self.sent.append(written)
+        return response
+
+
+def _responses_event(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
 
 @pytest.fixture
 async def runaway() -> AsyncIterator[RunawayBackend]:
@@ -61,6 +84,7 @@ async def runaway() -> AsyncIterator[RunawayBackend]:
     app.router.add_get("/health", backend.health)
     app.router.add_post("/v1/chat/completions", backend.completions)
     app.router.add_post("/v1/completions", backend.completions)
+    app.router.add_post("/v1/responses", backend.responses)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -99,3 +123,29 @@ async def test_a_stream_past_the_granted_cap_is_ended_by_the_gateway(tmp_path: P
     finally:
         await asyncio.to_thread(running.__exit__, None, None, None)
     assert len(runaway.sent) == 2 and max(runaway.sent) < CHUNKS, "the gateway closed the runaway upstream"
+
+
+async def test_a_responses_stream_past_the_granted_cap_is_ended_by_the_gateway(
+    tmp_path: Path, runaway: RunawayBackend
+) -> None:
+    config = gateway_config(free_port(), [], limits={"max_tokens": CAP, "max_tokens_policy": "clamp"})
+    config["backends"] = [{"name": "runaway", "url": runaway.url}]
+    running = gateway_for(tmp_path, config)
+    gateway = await asyncio.to_thread(running.__enter__)
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(session, gateway.url)
+            body = {"model": MODEL, "input": "Tell me everything.", "max_output_tokens": 500, "stream": True}
+            async with session.post(f"{gateway.url}/v1/responses", json=body) as response:
+                assert response.status == 200
+                raw = await response.read()
+    finally:
+        await asyncio.to_thread(running.__exit__, None, None, None)
+    events = [orjson.loads(line[len(b"data: ") :]) for line in raw.splitlines() if line.startswith(b"data: ")]
+    deltas = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert len(deltas) == CAP
+    closing = events[-1]
+    assert closing["type"] == "response.incomplete"
+    assert closing["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert closing["response"]["usage"]["output_tokens"] == CAP
+    assert len(runaway.sent) == 1 and runaway.sent[0] < CHUNKS, "the gateway closed the runaway upstream"
