@@ -152,6 +152,8 @@ async def test_stopping_redis_mid_run_gives_no_500_and_no_hang(fleet: Fleet) -> 
 
 async def test_after_kill_9_of_a_gateway_the_others_serve_and_its_leases_expire(fleet: Fleet) -> None:
     g0, g1, g2 = fleet.gateways
+    for gateway in fleet.gateways:
+        await eventually(lambda gateway=gateway: _equals(shared_state_up(gateway), 1.0), "every gateway uses Redis")
     await eventually(lambda: _equals(shared_in_flight(g0, "capped"), 0), "no lease left from the earlier tests")
     holders = [asyncio.create_task(call(g1, "capped", chat("doomed", 500, ignore_eos=True))) for _ in range(4)]
     await eventually(lambda: _equals(shared_in_flight(g0, "capped"), 4), "g1 holds all four slots")
