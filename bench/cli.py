@@ -1,9 +1,13 @@
-"""``kvgate bench``: ``run`` compares routers on a workload; ``overhead`` measures added gateway latency."""
+"""``kvgate bench``: ``run`` compares routers on a workload; the other subcommands are benchmarks of
+their own modules (``overhead``, ``simulate``, ``throughput``, ``soak``, ``overhead-ab``), each also
+runnable as ``python -m bench.MODULE``."""
 
 import argparse
 import dataclasses
 import signal
 import sys
+from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 
 import yaml
@@ -24,6 +28,15 @@ DEFAULT_NUM_BLOCKS = {
 """KV blocks per replica: for shared prefix, each of 4 replicas holds about 3/8 of all group prefixes."""
 
 TRACE_FILES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
+
+DELEGATED: dict[str, tuple[str, str]] = {
+    "simulate": ("bench.simulate_cli", "the same comparison in virtual time, in one process"),
+    "overhead": ("bench.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
+    "overhead-ab": ("bench.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),
+    "throughput": ("bench.throughput", "highest request rate with p99 under a bound, per --workers count (wrk)"),
+    "soak": ("bench.soak", "minutes of mixed load with KV events, a reload and a replica kill: event-loop lag"),
+}
+"""Subcommands handed whole to another module's ``main(argv)`` (which parses its own flags)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,23 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     run.add_argument("--request-timeout", type=float, default=300.0)
     run.add_argument("--out", type=Path, help="report folder (default: bench/out/WORKLOAD)")
-    commands.add_parser("simulate", help="the same comparison in virtual time, in one process", add_help=False)
-    commands.add_parser(
-        "overhead", help="added latency of kvgate and sglang-router over a zero-latency backend", add_help=False
-    )
+    for name, (_, summary) in DELEGATED.items():
+        commands.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    if argv[:1] == ["overhead"]:
-        from bench.overhead import main as overhead_main
-
-        return overhead_main(argv[1:])
-    if argv[:1] == ["simulate"]:
-        from bench.simulate_cli import main as simulate_main
-
-        return simulate_main(argv[1:])
+    if argv[:1] and argv[0] in DELEGATED:
+        module_name, _ = DELEGATED[argv[0]]
+        command_main: Callable[[list[str]], int] = import_module(module_name).main
+        return command_main(argv[1:])
     args = build_parser().parse_args(argv)
     overrides = pairs(args.set, "--set")
     if args.workload == "trace-replay" and "trace_file" not in overrides:

@@ -85,7 +85,7 @@ async def measure(contenders: list[Contender], bodies: list[bytes], rounds: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.overhead_ab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate bench overhead-ab", description=__doc__)
     parser.add_argument("gateways", nargs="+", help="NAME=TREE[:VAR=VALUE...]")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=200)

@@ -151,7 +151,7 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate bench soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=12, help="concurrent closed-loop clients")
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV blocks per replica (small: evictions)")

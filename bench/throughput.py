@@ -164,7 +164,7 @@ def start_frontend(name: str, backend_url: str, workdir: Path) -> Process | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate bench throughput", description=__doc__)
     parser.add_argument("--step-s", type=float, default=5.0, help="seconds per wrk step (default: %(default)s)")
     parser.add_argument("--p99-bound-ms", type=float, default=50.0)
     parser.add_argument("--wrk-threads", type=int, default=1)
