@@ -91,7 +91,7 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
                 target = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters())
                 model = target.served
                 cache_salt = tenant.cache_salt(parsed.cache_salt)
-                normalized = model.normalizer.apply(parsed.body)
+                normalized = model.normalizer.apply(parsed.body, responses=endpoint is Endpoint.RESPONSES)
             check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
             with span("gateway.tokenize"):
                 async with gateway.tokenize_slots.hold(tenant.name):

@@ -77,13 +77,14 @@ class ServedModel:
         ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
         cannot fit, before the tokenizer runs; ``salt`` keeps cached segments per isolation domain.
         A Responses request is rendered as chat messages (``instructions`` first) through the chat
-        template, as the backend renders it. Several completion prompts count together toward the
+        template, as the backend renders it: from ``body``, normalized as chat messages are. Several completion prompts count together toward the
         bound; embedding inputs each on their own (the context applies per input).
         """
         if request.endpoint is Endpoint.CHAT:
             return [await self._chat_ids(body["messages"], body.get("tools"), salt, check_bound, "messages")]
         if isinstance(request.parsed, ResponsesRequest):
-            return [await self._chat_ids(responses_messages(request.parsed), None, salt, check_bound, "input")]
+            messages = responses_messages(_as_forwarded(request.parsed, request.body, body))
+            return [await self._chat_ids(messages, None, salt, check_bound, "input")]
         cumulative = request.endpoint is Endpoint.COMPLETIONS
         prompts: list[list[int]] = []
         counted = 0
@@ -112,6 +113,14 @@ class ServedModel:
             raise bad_request(str(exc), param=param) from None
         check_bound(self.tokenizer.min_tokens(text))
         return await self.tokenizer.encode_prompt_async(text, salt)
+
+
+def _as_forwarded(parsed: ResponsesRequest, sent: dict[str, Any], body: dict[str, Any]) -> ResponsesRequest:
+    """The Responses request as forwarded: ``parsed`` itself unless normalization changed its
+    ``instructions`` or ``input`` (the normalizer keeps what it did not change as the same object)."""
+    if all(body.get(key) is sent.get(key) for key in ("instructions", "input")):
+        return parsed
+    return ResponsesRequest.model_validate(body)
 
 
 def _one_or_many(value: Any) -> list[Any]:

@@ -2,7 +2,9 @@
 
 The rules own only the parts that form shared prefixes: messages whose role is listed in
 ``normalize.roles`` (system and developer by default), tool definitions, and, where configured,
-a completions prompt. Everything else, ``cache_salt`` included, is forwarded as sent. The input
+a completions prompt. A Responses body gets the same rules: its ``instructions`` are the system
+message they are rendered as, its ``input`` message items are messages (a plain-text ``input``
+is a user message). Everything else, ``cache_salt`` included, is forwarded as sent. The input
 body is never mutated; unchanged messages are shared with it.
 """
 
@@ -19,6 +21,8 @@ _EARLY_RULES = ("invisible_chars", "nfc", "line_endings")
 _LATE_RULES = ("trailing_whitespace", "collapse_spaces")
 RULE_ORDER = (*_EARLY_RULES, "volatile_spans", *_LATE_RULES, "strip_message", "canonical_tools", "sort_tools")
 """Every rule name, in the order the rules run and are reported."""
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+"""Content part types that carry text: chat's ``text``, the Responses API's input and output text."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,8 @@ class Normalizer:
         patterns = config.volatile_patterns()
         self._volatile = VolatileSpans(patterns) if rules.volatile_spans and patterns else None
 
-    def apply(self, body: dict[str, Any]) -> NormalizedRequest:
+    def apply(self, body: dict[str, Any], *, responses: bool = False) -> NormalizedRequest:
+        """``responses``: the body is a Responses request (its ``input`` is messages, not embedding inputs)."""
         canonical = dict(body)
         if not self.config.enabled:
             return NormalizedRequest(canonical, [])
@@ -59,7 +64,23 @@ class Normalizer:
         prompt = body.get("prompt")
         if self.config.completions_prompt and isinstance(prompt, str):
             canonical["prompt"] = self._prompt(prompt, changed)
+        if responses:
+            self._responses(body, canonical, changed)
         return NormalizedRequest(canonical, [name for name in RULE_ORDER if name in changed])
+
+    def _responses(self, body: dict[str, Any], canonical: dict[str, Any], changed: set[str]) -> None:
+        """A Responses body's ``instructions`` and ``input``, as the chat messages they are rendered as;
+        each is the sent object itself when no rule changed it."""
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and "system" in self._roles:
+            canonical["instructions"] = self._whole_text(instructions, changed)
+        items = body.get("input")
+        if isinstance(items, str) and "user" in self._roles:
+            canonical["input"] = self._whole_text(items, changed)
+        elif isinstance(items, list):
+            items_now = [self._message(item, changed) for item in items]
+            if any(now is not item for now, item in zip(items_now, items, strict=True)):
+                canonical["input"] = items_now
 
     def _message(self, message: Any, changed: set[str]) -> Any:
         if not isinstance(message, dict) or message.get("role") not in self._roles:
@@ -85,7 +106,7 @@ class Normalizer:
         text_at = [
             index
             for index, part in enumerate(parts)
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
         ]
         if not text_at:
             return parts

@@ -147,3 +147,30 @@ def test_malformed_parts_are_left_to_validation() -> None:
 def test_config_rejects_mistakes(section: dict) -> None:
     with pytest.raises(ValidationError):
         NormalizeConfig.model_validate(section)
+
+
+def test_responses_instructions_and_input_items_are_messages() -> None:
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": NOISY_SYSTEM}]},
+        {"role": "user", "content": " Hi there \r\n"},
+    ]
+    request = {"model": "smollm2-135m", "instructions": NOISY_SYSTEM, "input": items}
+    original = copy.deepcopy(request)
+    result = Normalizer(NormalizeConfig()).apply(request, responses=True)
+    assert request == original
+    assert result.body["instructions"] == CANONICAL_SYSTEM
+    assert result.body["input"][0]["content"][0] == {"type": "input_text", "text": CANONICAL_SYSTEM}
+    assert result.body["input"][1] is items[1], "user items only where configured"
+    canonical = Normalizer(NormalizeConfig()).apply(result.body, responses=True)
+    assert canonical.changed == [] and canonical.body["input"] is result.body["input"]
+    plain = {"model": "m", "input": " Hi \r\n"}
+    assert Normalizer(NormalizeConfig()).apply(plain, responses=True).body["input"] == " Hi \r\n"
+    with_user = Normalizer(NormalizeConfig(roles=["system", "user"]))
+    assert with_user.apply(plain, responses=True).body["input"] == "Hi"
+
+
+def test_embedding_inputs_are_never_normalized() -> None:
+    normalizer = Normalizer(NormalizeConfig(roles=["system", "user"]))
+    for given in (" Hi \r\n", [" Hi \r\n", "x "], [1, 2]):
+        result = normalizer.apply({"model": "m", "input": given})
+        assert result.body["input"] is given and result.changed == []
