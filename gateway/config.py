@@ -76,7 +76,7 @@ class BackendSpec(ConfigSection):
     api_key_env: str | None = None
     """Name of the environment variable holding the upstream key (same as `api_key: env:NAME`)."""
     headers: dict[str, str] = {}
-    """Extra headers sent upstream with every request and health check."""
+    """Extra headers sent upstream with every request: proxied ones, health checks, /v1/models, /stats, /metrics."""
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -1,5 +1,8 @@
 """Where a replica's load reports come from: its load socket (bundled engine), its /stats, or
-its Prometheus /metrics (vLLM), each turned into one ``ReplicaLoad``."""
+its Prometheus /metrics (vLLM), each turned into one ``ReplicaLoad``.
+
+The HTTP reads send the replica's upstream headers (API key, extra headers), as proxied
+requests do: a remote upstream may require them on every path."""
 
 import asyncio
 import logging
@@ -67,9 +70,11 @@ class LoadFeed:
             socket.close()
 
 
-async def read_stats(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> ReplicaStats | None:
+async def read_stats(
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout, headers: dict[str, str]
+) -> ReplicaStats | None:
     """The bundled engine's GET /stats, or None (other engines have none; that is fine)."""
-    body = await _get(session, f"{url}/stats", timeout)
+    body = await _get(session, f"{url}/stats", timeout, headers)
     if body is None:
         return None
     try:
@@ -79,10 +84,10 @@ async def read_stats(session: aiohttp.ClientSession, url: str, timeout: aiohttp.
 
 
 async def read_vllm_load(
-    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout, headers: dict[str, str]
 ) -> ReplicaLoad | None:
     """Running and waiting requests and KV usage from vLLM's /metrics, or None when it exports none."""
-    body = await _get(session, f"{url}/metrics", timeout)
+    body = await _get(session, f"{url}/metrics", timeout, headers)
     if body is None:
         return None
     try:
@@ -114,9 +119,11 @@ def _gauges(text: str) -> dict[str, float]:
     return gauges
 
 
-async def _get(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> bytes | None:
+async def _get(
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout, headers: dict[str, str]
+) -> bytes | None:
     try:
-        async with session.get(url, timeout=timeout) as response:
+        async with session.get(url, timeout=timeout, headers=headers) as response:
             return await response.read() if response.status == 200 else None
     except (TimeoutError, aiohttp.ClientError):
         return None

@@ -269,7 +269,7 @@ class BackendPool:
             async with session.get(f"{url}/health", timeout=timeout, headers=headers) as response:
                 ok = response.status == 200
             if ok:
-                await self._read_load(session, backend, timeout)
+                await self._read_load(session, backend, timeout, headers)
         except (TimeoutError, aiohttp.ClientError):
             ok = False
         if backend.record_check(ok, self.health):
@@ -278,15 +278,19 @@ class BackendPool:
             backend.reported_adapters = _adapters(models)
 
     async def _read_load(
-        self, session: aiohttp.ClientSession, backend: Backend, timeout: aiohttp.ClientTimeout
+        self,
+        session: aiohttp.ClientSession,
+        backend: Backend,
+        timeout: aiohttp.ClientTimeout,
+        headers: dict[str, str],
     ) -> None:
         """Stats from /stats (bundled engine), else load from /metrics (vLLM); a report for the load view
-        unless its load socket reports far more often."""
+        unless its load socket reports far more often. ``headers``: the replica's upstream headers."""
         url = backend.spec.url
-        backend.reported = await read_stats(session, url, timeout)
+        backend.reported = await read_stats(session, url, timeout, headers)
         report: ReplicaLoad | None = backend.reported
         if report is None:
-            report = await read_vllm_load(session, url, timeout)
+            report = await read_vllm_load(session, url, timeout, headers)
         if report is not None and backend.spec.load_events is None:
             backend.load.stale_after_s = 3 * self.health.interval_s + self.health.timeout_s
             backend.load.on_report(report)
