@@ -3,8 +3,10 @@
 A request holds two things, each taken all or nothing (429 otherwise) and given back when done:
 - a **slot**: one of the tenant's ``max_concurrency`` concurrent requests, and one request of its
   ``requests_per_minute`` (``hold_slot``, which needs no tokenization, so it can come first);
-- a **charge**: ``prompt + max_tokens`` tokens of its ``tokens_per_minute``, reserved up front; the
-  tokens it did not use (``charge.used``, set by the dispatcher) go back when it ends (``charge``).
+- a **charge**: ``prompt + max_tokens`` tokens of its ``tokens_per_minute``, reserved up front and
+  settled on what it used (``charge.used``, set by the dispatcher) when it ends (``charge``): the
+  unused part goes back; a backend that generated past the grant (a non-streamed answer, which
+  the gateway cannot cut) has the excess charged too, leaving the bucket in debt.
 ``admit`` takes both. Callers see only these context managers; which implementation counts is
 the config's choice (``shared_state``), made once in the gateway's composition root.
 """
@@ -31,7 +33,8 @@ class TokenCharge:
 
     taken: int
     used: int = 0
-    """Set once the request has been answered; a request that failed or never ran used nothing."""
+    """Set once the request has been answered; a request that failed or never ran used nothing.
+    May exceed ``taken`` when a backend generated past the granted max_tokens."""
 
 
 @dataclass
@@ -67,14 +70,14 @@ class TenantLimiter(ABC):
 
     @asynccontextmanager
     async def charge(self, tenant: "Tenant", tokens: int) -> AsyncIterator[TokenCharge]:
-        """``tokens`` of the tenant's per-minute budget, or raise 429/503; the unused part goes back."""
+        """``tokens`` of the tenant's per-minute budget, or raise 429/503; settled on ``charge.used``."""
         taken = await self.take_tokens(tenant, tokens)
         charge = TokenCharge(tokens)
         try:
             yield charge
         finally:
             unused = tokens - charge.used
-            if unused > 0:
+            if unused != 0:
                 await self.give_back(taken, unused)
 
     @abstractmethod
@@ -91,7 +94,7 @@ class TenantLimiter(ABC):
 
     @abstractmethod
     async def give_back(self, taken: Tokens, unused: int) -> None:
-        """Return ``unused`` of the tokens taken; never raises."""
+        """Return ``unused`` of the tokens taken (negative: take that many more, unchecked); never raises."""
 
     @abstractmethod
     async def start(self) -> None:

@@ -185,7 +185,8 @@ class RedisLimiter(TenantLimiter):
         return taken
 
     async def give_back(self, taken: Tokens, unused: int) -> None:
-        """Unused tokens go back where they were taken; while Redis is away, Redis's stay spent."""
+        """Unused tokens go back where they were taken (negative: the excess is charged there); while
+        Redis is away, neither happens: Redis's tokens stay spent, an excess is not charged."""
         if not isinstance(taken, SharedTokens):
             self.local.give_back_now(taken, unused)
             return

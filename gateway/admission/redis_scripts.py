@@ -87,7 +87,8 @@ GIVE_BACK = (
     _CLOCK
     + _BUCKET
     + """
--- KEYS: tokens. ARGV: unused tokens, tokens per minute. The bucket never exceeds one minute's worth.
+-- KEYS: tokens. ARGV: unused tokens, tokens per minute. The bucket never exceeds one minute's worth;
+-- negative "unused" tokens (used past the grant) are taken unchecked, leaving the bucket in debt.
 local tokens_per_minute = tonumber(ARGV[2])
 local level = bucket_level(KEYS[1], tokens_per_minute)
 bucket_store(KEYS[1], tokens_per_minute, math.min(tokens_per_minute, level + tonumber(ARGV[1])))

@@ -37,7 +37,8 @@ class TokenBucket:
         return wait_s
 
     def give_back(self, tokens: int) -> None:
-        """Return tokens taken but not used (a completion shorter than its max_tokens)."""
+        """Return tokens taken but not used (a completion shorter than its max_tokens); negative
+        ``tokens`` take more, unchecked (a backend that generated past the grant): the bucket may go into debt."""
         self._refill()
         self._level = min(self._level + tokens, float(self.per_minute))
 

@@ -128,6 +128,9 @@ def _served_record(
     started: float,
 ) -> RequestRecord:
     usage = outcome.usage or {}
+    completion_tokens = outcome.generated_at_least if stream else usage.get("completion_tokens")
+    granted = route_request.max_tokens
+    over_cap = completion_tokens - granted if isinstance(completion_tokens, int) and granted else 0
     return RequestRecord(
         request_id=request_id,
         model=route_request.model,
@@ -138,7 +141,8 @@ def _served_record(
         prompt_tokens=route_request.prompt_tokens,
         predicted_cached_tokens=decision.predicted_cached_tokens,
         cached_tokens=cached_tokens(usage),
-        completion_tokens=outcome.generated_at_least if stream else usage.get("completion_tokens"),
+        completion_tokens=completion_tokens,
+        over_cap_tokens=max(over_cap, 0),
         ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
         e2e_s=time.perf_counter() - started,
     )

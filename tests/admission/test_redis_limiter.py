@@ -98,6 +98,14 @@ async def test_token_and_request_budgets_are_global_and_unused_tokens_go_back(ga
         pass
 
 
+async def test_tokens_used_past_the_charge_are_taken_too(gateways: Gateways) -> None:
+    a, b = await gateways.start(), await gateways.start()
+    async with a["metered"].admit(10) as charge:
+        charge.used = 250
+    error = await refused(b["metered"], 10)
+    assert error.code == "tokens_per_minute_exceeded" and int(error.headers["Retry-After"]) > 60, "150 in debt"
+
+
 async def test_a_slot_is_taken_before_the_charge_and_freed_whatever_the_charge_does(gateways: Gateways) -> None:
     a, b = await gateways.start(), await gateways.start()
     async with a["both"].hold_slot():
