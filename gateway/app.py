@@ -1,6 +1,8 @@
 """The gateway's aiohttp application: routes, error shaping, start-up and shutdown."""
 
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,7 +28,8 @@ MAX_BODY_BYTES = 8 << 20
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error a client sees is OpenAI-shaped, including aiohttp's own (404, 405, 413)."""
+    """Every error a client sees is OpenAI-shaped, including aiohttp's own (404, 405, 413), which
+    are recorded as refusals (the endpoints record their own)."""
     try:
         return await handler(request)
     except OpenAIError as error:
@@ -35,10 +38,19 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        return error_response(OpenAIError(exc.status, exc.reason or exc.text or "error", code=code))
+        refusal = OpenAIError(exc.status, exc.reason or exc.text or "error", code=code)
+        record_refusal(request.config_dict.get(GATEWAY), refusal)
+        return error_response(refusal)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error"))
+
+
+def record_refusal(gateway: Gateway | None, error: OpenAIError) -> None:
+    """Record a request refused before any endpoint ran (aiohttp's parser or router) in the request
+    log and metrics, like every other refusal; ``gateway`` is None before it has started."""
+    if gateway is not None:
+        gateway.telemetry.observe_rejection(f"req-{uuid.uuid4().hex}", error, None, time.perf_counter())
 
 
 def admin_app() -> web.Application:

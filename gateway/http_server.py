@@ -6,10 +6,16 @@ OpenAI-shaped JSON error that quotes nothing. A connection whose request headers
 whole within ``header_timeout_s`` (config `timeouts.client_headers_s`) of their first byte (or
 of the connection, for the first request) is closed: a slow-trickle client cannot hold a connection open at no cost. The body has
 its own timeout in the handler.
+
+Both are reported to ``on_refused`` (the gateway records them in its request log and metrics like
+any refusal): an unparsable request with its 4xx, a connection closed for headers that started
+but never finished as a 408 ``request_header_timeout`` (a connection that sent nothing at all is
+not a request and is not reported).
 """
 
 import asyncio
 import logging
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -24,14 +30,26 @@ log = logging.getLogger("kvgate.http")
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default is an hour)."""
 
+OnRefused = Callable[[OpenAIError], None]
+"""Told of every request refused before the app saw it."""
+
+
+def _ignore(error: OpenAIError) -> None:
+    return None
+
 
 class GatewayRequestHandler(RequestHandler):
     """One client connection: header deadline, OpenAI-shaped parser errors."""
 
-    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self, manager: web.Server, *, header_timeout_s: float, on_refused: OnRefused = _ignore, **kwargs: Any
+    ) -> None:
         super().__init__(manager, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.on_refused = on_refused
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._partial_head = False
+        """Bytes of a request head arrived and the head is not whole yet."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -40,9 +58,12 @@ class GatewayRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self._messages or self._current_request is not None:
+            self._partial_head = False
             self._disarm_header_deadline()
-        elif self._header_deadline is None:
-            self._arm_header_deadline()
+        else:
+            self._partial_head = bool(data)
+            if self._header_deadline is None:
+                self._arm_header_deadline()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm_header_deadline()
@@ -60,6 +81,9 @@ class GatewayRequestHandler(RequestHandler):
         self._header_deadline = None
         if not self._messages and self._current_request is None:
             log.info("closing a connection whose request headers took over %.0f s", self.header_timeout_s)
+            if self._partial_head:
+                message = f"The request headers did not arrive within {self.header_timeout_s:g} s."
+                self.on_refused(OpenAIError(408, message, code="request_header_timeout"))
             self.force_close()
 
     def handle_error(
@@ -75,27 +99,34 @@ class GatewayRequestHandler(RequestHandler):
             error = OpenAIError(
                 status, f"The HTTP request could not be parsed ({phrase}).", code="invalid_http_request"
             )
+        self.on_refused(error)
         response = error_response(error)
         response.force_close()
         return response
 
 
 class GatewayServer(web.Server):
-    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, on_refused: OnRefused = _ignore, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.on_refused = on_refused
 
     def __call__(self) -> RequestHandler:
-        return GatewayRequestHandler(self, header_timeout_s=self.header_timeout_s, loop=self._loop, **self._kwargs)
+        return GatewayRequestHandler(
+            self, header_timeout_s=self.header_timeout_s, on_refused=self.on_refused, loop=self._loop, **self._kwargs
+        )
 
 
 class GatewayRunner(web.AppRunner):
     """``web.AppRunner`` whose connections are ``GatewayRequestHandler``s."""
 
-    def __init__(self, app: web.Application, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self, app: web.Application, header_timeout_s: float, on_refused: OnRefused = _ignore, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("keepalive_timeout", KEEPALIVE_TIMEOUT_S)
         super().__init__(app, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.on_refused = on_refused
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -105,5 +136,6 @@ class GatewayRunner(web.AppRunner):
             handler_cancellation=server.handler_cancellation,
             loop=server._loop,
             header_timeout_s=self.header_timeout_s,
+            on_refused=self.on_refused,
             **server._kwargs,
         )

@@ -283,6 +283,47 @@ def test_parser_errors_are_openai_shaped_and_quote_nothing(cluster: Cluster) -> 
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_http_request"
 
 
+def test_requests_refused_before_any_endpoint_are_recorded(cluster: Cluster) -> None:
+    """Unparsable requests (aiohttp answers them before any middleware), unknown paths and heads
+    that never finish get a request-log line and a kvgate_rejections_total sample each."""
+    causes = ("invalid_http_request", "not_found", "request_header_timeout")
+
+    def counts() -> dict[str, tuple[float, int]]:
+        metrics = metric_sums(cluster.url, ADMIN)
+        lines = [json.loads(line) for line in log_lines(cluster.log)]
+        return {
+            cause: (
+                total(metrics, "kvgate_rejections_total", cause=cause),
+                sum(line["error_code"] == cause and line["backend"] is None for line in lines),
+            )
+            for cause in causes
+        }
+
+    before = counts()
+    unparsable = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n",
+        b"NOT AN HTTP REQUEST\r\n\r\n",
+    ]
+    for request in unparsable:
+        status, _, _ = raw_http(cluster.port, request)
+        assert 400 <= status < 500
+    assert http("POST", f"{cluster.url}/v1/no-such-endpoint", {}).status == 404
+    with socket.create_connection(("127.0.0.1", cluster.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        assert closed_within(sock, 15) == b"", "a head that never finishes is closed unanswered"
+    expected = {"invalid_http_request": 3, "not_found": 1, "request_header_timeout": 1}
+
+    def recorded() -> bool:
+        now = counts()
+        return all(
+            (now[cause][0] - before[cause][0], now[cause][1] - before[cause][1]) == (count, count)
+            for cause, count in expected.items()
+        )
+
+    assert wait_for(recorded), (before, counts())
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("cache_salt", ""), ("temperature", "0.5"), ("top_p", "0.9"), ("temperature", True)]
 )
