@@ -8,12 +8,17 @@ killed with SIGKILL come back within ``lease_s``. Each check-and-take is one Lua
 
 Redis unreachable (a call fails or exceeds ``timeout_s``): one log line, ``kvgate_shared_state_up``
 drops to 0 and requests are admitted on this gateway's own counts (``on_unavailable: local``) or
-refused with 503 (``reject``) without calling Redis again; the renewal task probes it every second
-with a fresh client and switches back when it answers. A request never waits on Redis longer
-than ``2 x timeout_s`` (see ``redis_store.py``).
+refused with 503 (``reject``) without calling Redis again. The renewal task wakes at once and
+probes it, with a fresh client after each failure, on a backoff of ``PROBE_FIRST_S`` doubling up
+to ``PROBE_MAX_S``: a short blip is over in a fraction of a second, a dead Redis gets one ping a
+second, and a Redis that returns is seen within about a second. Once it answers, the leases
+settled meanwhile are freed in batches (a round trip per ``RENEW_BATCH``, not per lease) and
+limits are global again. A request never waits on Redis longer than ``2 x timeout_s`` (see
+``redis_store.py``).
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -46,9 +51,13 @@ log = logging.getLogger("kvgate.shared_state")
 
 Held = TypeVar("Held", Slot, Tokens)
 
-PROBE_INTERVAL_S = 1.0
+PROBE_FIRST_S = 0.05
+"""The first probe after Redis is seen gone; each failed probe doubles the wait, up to PROBE_MAX_S."""
+PROBE_MAX_S = 1.0
+RENEW_MAX_S = 1.0
+"""Leases are renewed about three times per lease_s, and at least this often (a liveness check)."""
 RENEW_BATCH = 256
-"""Leases renewed per script call (Lua's argument stack is bounded)."""
+"""Leases renewed or freed per script call (Lua's argument stack is bounded)."""
 MAX_UNSETTLED = 10_000
 """Leases remembered for settling once Redis is back; beyond that the oldest are left to expire."""
 
@@ -99,11 +108,18 @@ class RedisLimiter(TenantLimiter):
         """Leases to free when Redis answers again: of requests that ended while it was away, and of
         takes whose answer never came (the script may still have run)."""
         self._maintainer: asyncio.Task | None = None
+        self._gone = asyncio.Event()
+        """Set while Redis is seen gone: wakes the maintainer to start probing at once."""
 
     @property
     def leases(self) -> int:
         """Leases this gateway holds in Redis now."""
         return len(self._leases)
+
+    @property
+    def unsettled(self) -> int:
+        """Leases of this gateway waiting for Redis to answer again to be freed."""
+        return len(self._to_free)
 
     def keys(self, tenant: str) -> TenantKeys:
         return TenantKeys.of(self.config.key_prefix, tenant)
@@ -207,9 +223,13 @@ class RedisLimiter(TenantLimiter):
 
     async def _free_pending(self) -> None:
         """Free what ended while Redis was away, so its slots come back at once rather than at expiry."""
-        for lease_id, lease in list(self._to_free.items()):
-            await self._free_in_redis(lease)
-            del self._to_free[lease_id]
+        pending = list(self._to_free.values())
+        for start in range(0, len(pending), RENEW_BATCH):
+            batch = pending[start : start + RENEW_BATCH]
+            keys = [lease.keys.leases for lease in batch]
+            await self.store.call(self.store.free_slot(keys=keys, args=[lease.lease_id for lease in batch]))
+            for lease in batch:
+                del self._to_free[lease.lease_id]
 
     async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
         counts: dict[str, int | None] = {}
@@ -276,6 +296,7 @@ class RedisLimiter(TenantLimiter):
         self.last_error = f"{type(exc).__name__}: {exc}"
         if self.up:
             self.up = False
+            self._gone.set()
             action = "this gateway's own counts" if self.config.on_unavailable == "local" else "503 for capped tenants"
             log.warning(
                 "shared state at %s unavailable (%s: %s): limits fall back to %s until it answers",
@@ -286,21 +307,39 @@ class RedisLimiter(TenantLimiter):
             )
 
     async def _maintain(self) -> None:
-        """Renew this gateway's leases while Redis answers; probe it every second while it does not."""
-        interval = min(self.config.lease_s / 3, PROBE_INTERVAL_S)
+        """Renew this gateway's leases while Redis answers; probe it while it does not."""
+        renew_every = min(self.config.lease_s / 3, RENEW_MAX_S)
         while True:
-            await asyncio.sleep(interval)
-            try:
-                if self.up:
+            if self.up:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(renew_every):
+                        await self._gone.wait()
+                if not self.up:
+                    continue
+                try:
                     await self._renew_all()
-                else:
-                    await self.store.ping()
-                    await self._free_pending()
-                    self.up = True
-                    log.warning("shared state at %s answers again: limits are global", redacted(self.config.redis_url))
+                except UNAVAILABLE as exc:
+                    self._went_down(exc)
+                    self.store.reopen()
+            else:
+                await self._recover()
+
+    async def _recover(self) -> None:
+        """Probe Redis on a backoff (``probe_delays``) until it answers and the leases settled
+        meanwhile are freed; then limits are global again."""
+        for delay in probe_delays():
+            await asyncio.sleep(delay)
+            try:
+                await self.store.ping()
+                await self._free_pending()
             except UNAVAILABLE as exc:
                 self._went_down(exc)
                 self.store.reopen()
+                continue
+            self.up = True
+            self._gone.clear()
+            log.warning("shared state at %s answers again: limits are global", redacted(self.config.redis_url))
+            return
 
     async def _renew_all(self) -> None:
         """Renew every lease this gateway holds; without any, a ping keeps ``up`` true to the facts."""
@@ -313,6 +352,14 @@ class RedisLimiter(TenantLimiter):
             await self.store.call(
                 self.store.renew(keys=keys, args=[self._lease_ms, *(lease.lease_id for lease in batch)])
             )
+
+
+def probe_delays() -> Iterator[float]:
+    """Waits before each probe of a Redis seen gone: PROBE_FIRST_S, doubling, then PROBE_MAX_S for ever."""
+    delay = PROBE_FIRST_S
+    while True:
+        yield delay
+        delay = min(delay * 2, PROBE_MAX_S)
 
 
 def redacted(url: str) -> str:

@@ -64,8 +64,13 @@ return {0, 0}
 )
 
 FREE_SLOT = """
--- KEYS: leases. ARGV: lease id. Returns 1 when the lease was there (0: expired or already freed).
-return redis.call('ZREM', KEYS[1], ARGV[1])
+-- KEYS: the leases set of each lease. ARGV: one lease id per key (one lease, or a batch of them).
+-- Returns how many were there (not expired or already freed).
+local freed = 0
+for index, key in ipairs(KEYS) do
+  freed = freed + redis.call('ZREM', key, ARGV[index])
+end
+return freed
 """
 
 TAKE_TOKENS = (

@@ -4,6 +4,10 @@ Every call runs as a task of its own that nobody cancels: the caller stops waiti
 ``2 x timeout_s`` (and raises TimeoutError), while the call itself ends on the client's socket
 timeouts. So neither a slow Redis nor a request cancelled mid-call (its client went away) ever
 interrupts redis-py halfway through a command, and nothing waits on Redis for longer than that.
+
+The connection pool is a blocking one of ``CONNECTIONS``: a burst of more concurrent calls waits
+for a free connection (within the same bound) instead of failing with "Too many connections",
+which redis-py's default pool raises past 100 and the limiter would take for Redis being down.
 """
 
 import asyncio
@@ -11,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as redis
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,6 +26,8 @@ from gateway.admission.redis_scripts import FREE_SLOT, GIVE_BACK, IN_FLIGHT, REN
 
 UNAVAILABLE = (RedisError, OSError, TimeoutError)
 """What a call raises when Redis is down, unreachable, slow or restarting."""
+CONNECTIONS = 100
+"""Connections to Redis per gateway process, at most (redis-py's default pool size, but blocking)."""
 
 
 class RedisStore:
@@ -80,9 +87,12 @@ def _forget(calls: set[asyncio.Future]) -> Any:
 def _client(config: SharedStateConfig) -> redis.Redis:
     """A client that waits at most ``timeout_s`` per connect or read, and retries once at once on a
     broken connection (a pooled one from before a Redis restart), never on a timeout."""
-    return redis.Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         config.redis_url,
+        max_connections=CONNECTIONS,
+        timeout=config.timeout_s * 2,
         socket_timeout=config.timeout_s,
         socket_connect_timeout=config.timeout_s,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
+    return redis.Redis.from_pool(pool)

@@ -1,6 +1,7 @@
 """The Redis limiter and its Lua scripts against a real redis-server: two limiters act as two gateways."""
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -13,7 +14,7 @@ import redis.asyncio as redis
 
 from gateway.admission.config import SharedStateConfig, TenantConfig
 from gateway.admission.local_limiter import LocalLimiter
-from gateway.admission.redis_limiter import RedisLimiter, TenantKeys, redacted
+from gateway.admission.redis_limiter import PROBE_FIRST_S, PROBE_MAX_S, RedisLimiter, TenantKeys, probe_delays, redacted
 from gateway.admission.redis_scripts import FREE_SLOT, GIVE_BACK, RENEW, TAKE_SLOT, TAKE_TOKENS
 from gateway.admission.tenants import Tenant, TenantRegistry
 from gateway.config import ConfigError, parse_config
@@ -203,6 +204,85 @@ async def test_redis_going_away_falls_back_to_local_counts_and_recovers(tmp_path
             await asyncio.sleep(0.05)
         async with tenants["capped"].admit(1):
             assert limiter.leases == 1 and await limiter.in_flight("capped") == 1
+    finally:
+        await fleet.stop()
+        server.stop()
+
+
+async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(gateways: Gateways) -> None:
+    """redis-py's default pool raised "Too many connections" past 100 calls at once, taken for Redis down."""
+    await gateways.start()
+    limiter = gateways.limiters[0]
+    crowd = TenantRegistry([TenantConfig(name="crowd", api_keys=["kc"], max_concurrency=1000)], limiter=limiter)
+    release = asyncio.Event()
+    admitted = 0
+
+    async def request() -> None:
+        nonlocal admitted
+        async with crowd.by_name["crowd"].admit(1):
+            admitted += 1
+            await release.wait()
+
+    holders = [asyncio.create_task(request()) for _ in range(300)]
+    async with asyncio.timeout(30):
+        while admitted < 300 and not any(task.done() for task in holders):
+            await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(*holders)
+    assert limiter.up and limiter.errors == 0, limiter.last_error
+    assert admitted == 300 and limiter.unavailable_admissions == {"local": 0, "reject": 0}
+
+
+def test_a_gone_redis_is_probed_soon_then_once_a_second() -> None:
+    delays = list(itertools.islice(probe_delays(), 10))
+    assert delays[0] == PROBE_FIRST_S and delays == sorted(delays) and delays[-1] == PROBE_MAX_S == 1.0
+
+
+async def test_recovery_frees_the_outage_leases_in_batches(tmp_path: Path) -> None:
+    """Leases of requests that ended during an outage are freed once Redis is back, a round trip per
+    batch rather than per lease (600 calls, each a task, before: the limiter was back only after)."""
+    server = RedisServer(tmp_path).start()
+    fleet = Gateways(server.url, lease_s=2.0)
+    try:
+        await fleet.start()
+        limiter = fleet.limiters[0]
+        crowd = TenantRegistry([TenantConfig(name="crowd", api_keys=["kc"], max_concurrency=1000)], limiter=limiter)
+        tenant = crowd.by_name["crowd"]
+        release = asyncio.Event()
+        admitted = 0
+
+        async def request() -> None:
+            nonlocal admitted
+            async with tenant.admit(1):
+                admitted += 1
+                await release.wait()
+
+        holders = []
+        for _ in range(12):
+            holders += [asyncio.create_task(request()) for _ in range(50)]
+            async with asyncio.timeout(30):
+                while admitted < len(holders):
+                    await asyncio.sleep(0.01)
+        assert limiter.leases == 600
+        server.stop()
+        release.set()
+        await asyncio.gather(*holders)
+        async with tenant.admit(1):
+            assert not limiter.up, "the admission saw Redis gone"
+        server.start()
+        back = time.monotonic()
+        async with asyncio.timeout(20):
+            while not limiter.up:
+                await asyncio.sleep(0.01)
+        print(f"shared limits global again {time.monotonic() - back:.3f} s after Redis answered")
+        assert limiter.unsettled == 0, "every lease of the outage was freed"
+        client = redis.Redis.from_url(server.url)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        script_calls = stats.get("cmdstat_evalsha", {}).get("calls", 0) + stats.get("cmdstat_eval", {}).get("calls", 0)
+        assert script_calls <= 8, stats
     finally:
         await fleet.stop()
         server.stop()
