@@ -209,8 +209,10 @@ async def test_redis_going_away_falls_back_to_local_counts_and_recovers(tmp_path
         server.stop()
 
 
-async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(gateways: Gateways) -> None:
-    """redis-py's default pool raised "Too many connections" past 100 calls at once, taken for Redis down."""
+async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(server: RedisServer) -> None:
+    """redis-py's default pool raised "Too many connections" past 100 calls at once, taken for Redis down.
+    (A generous timeout_s: the burst is about connections, not about a loaded machine's latency.)"""
+    gateways = Gateways(server.url, timeout_s=5.0)
     await gateways.start()
     limiter = gateways.limiters[0]
     crowd = TenantRegistry([TenantConfig(name="crowd", api_keys=["kc"], max_concurrency=1000)], limiter=limiter)
@@ -229,6 +231,7 @@ async def test_a_burst_larger_than_the_connection_pool_waits_for_connections(gat
             await asyncio.sleep(0.01)
     release.set()
     await asyncio.gather(*holders)
+    await gateways.stop()
     assert limiter.up and limiter.errors == 0, limiter.last_error
     assert admitted == 300 and limiter.unavailable_admissions == {"local": 0, "reject": 0}
 
