@@ -55,6 +55,11 @@ class RedisStore:
             raise TimeoutError(f"no answer within {self.config.timeout_s * 2:g} s")
         return call.result()
 
+    @property
+    def calls_running(self) -> int:
+        """Calls still running, those whose caller stopped waiting included."""
+        return len(self._calls)
+
     async def ping(self) -> None:
         await self.call(self.client.ping())
 

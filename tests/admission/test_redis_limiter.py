@@ -272,6 +272,9 @@ async def test_recovery_frees_the_outage_leases_in_batches(tmp_path: Path) -> No
         await asyncio.gather(*holders)
         async with tenant.admit(1):
             assert not limiter.up, "the admission saw Redis gone"
+        async with asyncio.timeout(30):
+            while limiter.store.calls_running:
+                await asyncio.sleep(0.01)  # calls of the outage that outlived their callers: none reach the new Redis
         server.start()
         back = time.monotonic()
         async with asyncio.timeout(20):
@@ -285,7 +288,7 @@ async def test_recovery_frees_the_outage_leases_in_batches(tmp_path: Path) -> No
         finally:
             await client.aclose()
         script_calls = stats.get("cmdstat_evalsha", {}).get("calls", 0) + stats.get("cmdstat_eval", {}).get("calls", 0)
-        assert script_calls <= 8, stats
+        assert script_calls < 60, stats  # about 4 (3 batches and a script load); 600 and more when freed one by one
     finally:
         await fleet.stop()
         server.stop()
