@@ -19,7 +19,7 @@ from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import SegmentTokenizer
 from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
-from protocol.openai import ResponsesRequest, responses_messages
+from protocol.openai import ResponsesRequest, responses_messages, validate
 
 log = logging.getLogger("kvgate.models")
 
@@ -117,10 +117,11 @@ class ServedModel:
 
 def _as_forwarded(parsed: ResponsesRequest, sent: dict[str, Any], body: dict[str, Any]) -> ResponsesRequest:
     """The Responses request as forwarded: ``parsed`` itself unless normalization changed its
-    ``instructions`` or ``input`` (the normalizer keeps what it did not change as the same object)."""
+    ``instructions`` or ``input`` (the normalizer keeps what it did not change as the same object).
+    A 400 if the rules left nothing of it (a whitespace-only `input` with user messages normalized)."""
     if all(body.get(key) is sent.get(key) for key in ("instructions", "input")):
         return parsed
-    return ResponsesRequest.model_validate(body)
+    return validate(body, ResponsesRequest)
 
 
 def _one_or_many(value: Any) -> list[Any]:

@@ -50,3 +50,15 @@ async def test_a_noisy_spelling_hits_the_prefix_the_canonical_one_left(tmp_path:
     assert {"line_endings", "trailing_whitespace", "strip_message"} <= set(headers[1]["x-kvgate-normalized"].split(","))
     assert "x-kvgate-normalized" not in headers[0]
     assert replica.bodies[0] == replica.bodies[1], "the backend is sent the canonical text both times"
+
+
+async def test_an_input_the_rules_empty_is_a_400_not_a_500() -> None:
+    replica = ResponsesReplica()
+    async with replicas(replica) as urls:
+        config = gateway_config(urls, normalize={"roles": ["system", "user"]})
+        async with gateway(config, None) as client:
+            body = {"model": MODEL, "input": " \r\n ", "stream": True}
+            async with client.post("/v1/responses", json=body) as reply:
+                error = (await reply.json())["error"]
+    assert reply.status == 400 and error["param"].startswith("input")
+    assert replica.bodies == []
