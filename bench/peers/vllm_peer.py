@@ -9,9 +9,10 @@ scratch folder that is deleted when the server stops.
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -39,7 +40,8 @@ class PeerMissingError(RuntimeError):
 
 @dataclass(frozen=True)
 class VllmOptions:
-    """One vLLM server: model folder, dtype, KV cache and the optional KV events endpoint."""
+    """One vLLM server: model folder, dtype, KV cache, the optional KV events endpoint, LoRA
+    adapters, and whether it serves embeddings (a pooling runner) instead of generating."""
 
     model_dir: Path = field(default_factory=default_hf_folder)
     served_model_name: str = "smollm2-135m"
@@ -51,6 +53,11 @@ class VllmOptions:
     max_num_batched_tokens: int = 2048
     kv_events_port: int | None = None
     kv_events_topic: str = "kv-events"
+    lora_modules: tuple[tuple[str, Path], ...] = ()
+    """PEFT adapters served under their names (``--lora-modules NAME=PATH``); enables LoRA."""
+    max_lora_rank: int = 8
+    embeddings: bool = False
+    """A pooling runner (``--runner pooling --convert embed``): /v1/embeddings, no generation."""
 
 
 def vllm_venv() -> Path:
@@ -76,7 +83,8 @@ def require_vllm(options: VllmOptions) -> None:
 
 
 def vllm_command(options: VllmOptions, python: Path) -> list[str]:
-    """The OpenAI server command line: prefix caching, cached-token usage, eager mode, KV events if asked."""
+    """The OpenAI server command line: prefix caching, cached-token usage, eager mode; KV events,
+    LoRA adapters and the embedding runner if asked."""
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(options.model_dir),
@@ -99,6 +107,11 @@ def vllm_command(options: VllmOptions, python: Path) -> list[str]:
             "topic": options.kv_events_topic,
         }
         command += ["--kv-events-config", orjson.dumps(events).decode()]
+    if options.lora_modules:
+        modules = [f"{name}={path}" for name, path in options.lora_modules]
+        command += ["--enable-lora", "--lora-modules", *modules, "--max-lora-rank", str(options.max_lora_rank)]
+    if options.embeddings:
+        command += ["--runner", "pooling", "--convert", "embed"]
     return command
 
 
@@ -114,22 +127,41 @@ def vllm_environment(options: VllmOptions, scratch: Path) -> dict[str, str]:
     }
 
 
-@contextmanager
-def running_vllm(options: VllmOptions, log_dir: Path, timeout_s: float = 300.0) -> Iterator[Process]:
-    """Start vLLM, wait until ``/health`` answers, yield it; stop it and delete its scratch folder after."""
+def launch_vllm(options: VllmOptions, log_dir: Path) -> tuple[Process, Path]:
+    """Start vLLM without waiting for it; returns the process and its scratch folder (caches, temp files)."""
     python = vllm_python(options)
     scratch = Path(tempfile.mkdtemp(prefix="vllm-scratch-", dir=log_dir))
     environment = vllm_environment(options, scratch)
     (scratch / "tmp").mkdir()
     # ``env`` puts vLLM's variables on top of this process's environment, visibly in the logged command.
     command = ["env", *(f"{name}={value}" for name, value in environment.items()), *vllm_command(options, python)]
-    process = launch(command, options.port, log_dir / f"vllm-{options.port}.log")
+    return launch(command, options.port, log_dir / f"vllm-{options.port}.log"), scratch
+
+
+@contextmanager
+def running_vllms(
+    all_options: Sequence[VllmOptions], log_dir: Path, timeout_s: float = 300.0
+) -> Iterator[list[Process]]:
+    """Start several vLLM servers at once (their start-ups overlap), wait until each answers
+    ``/health``, yield them in order; stop them all and delete their scratch folders after."""
+    started: list[tuple[Process, Path]] = []
     try:
-        wait_ready(process, lambda: http_ok(f"{process.url}/health"), timeout_s)
-        yield process
+        for options in all_options:
+            started.append(launch_vllm(options, log_dir))
+        for process, _ in started:
+            wait_ready(process, partial(http_ok, f"{process.url}/health"), timeout_s)
+        yield [process for process, _ in started]
     finally:
-        process.stop(timeout_s=30.0)
-        shutil.rmtree(scratch, ignore_errors=True)
+        for process, scratch in started:
+            process.stop(timeout_s=30.0)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def running_vllm(options: VllmOptions, log_dir: Path, timeout_s: float = 300.0) -> Iterator[Process]:
+    """Start vLLM, wait until ``/health`` answers, yield it; stop it and delete its scratch folder after."""
+    with running_vllms([options], log_dir, timeout_s) as (process,):
+        yield process
 
 
 def vllm_options_on_free_ports(options: VllmOptions, with_kv_events: bool) -> VllmOptions:

@@ -42,6 +42,18 @@ def test_kv_events_config_is_json_for_a_zmq_publisher_on_the_given_port() -> Non
     assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5599", "topic": "kv"}
 
 
+def test_lora_adapters_and_the_embedding_runner_only_when_asked() -> None:
+    plain = vllm_command(VllmOptions(), PYTHON)
+    assert not {"--enable-lora", "--lora-modules", "--runner"} & set(plain)
+    adapters = (("tuned", Path("/adapters/a")), ("other", Path("/adapters/b")))
+    command = vllm_command(VllmOptions(lora_modules=adapters, max_lora_rank=16), PYTHON)
+    assert "--enable-lora" in command and flag_value(command, "--max-lora-rank") == "16"
+    start = command.index("--lora-modules") + 1
+    assert command[start : start + 2] == ["tuned=/adapters/a", "other=/adapters/b"]
+    embedding = vllm_command(VllmOptions(embeddings=True), PYTHON)
+    assert flag_value(embedding, "--runner") == "pooling" and flag_value(embedding, "--convert") == "embed"
+
+
 def test_environment_keeps_caches_and_temp_files_in_the_scratch_folder(tmp_path: Path) -> None:
     environment = vllm_environment(VllmOptions(kv_cache_gib=2), tmp_path)
     assert environment["VLLM_CPU_KVCACHE_SPACE"] == "2"
