@@ -17,7 +17,9 @@ stream that goes past the granted ``max_tokens`` (all ``n`` samples together) is
 gateway itself (finish reason ``length``), whatever the backend does.
 
 Requests carry the replica's upstream headers (API key, extra headers) and the trace context;
-the API key is redacted from any error body a provider sends back.
+the API key is redacted from any error body a provider sends back, and an error body that is not
+OpenAI-shaped (vLLM's ``{"detail": "Not Found"}`` for an endpoint it does not serve) is wrapped in
+one (``upstream_error.py``).
 """
 
 import asyncio
@@ -25,12 +27,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 from aiohttp import web
 from opentelemetry import trace
 
+from gateway.backends.upstream_error import openai_error_body
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
 from protocol.openai import chat_usage
@@ -135,12 +139,11 @@ async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tup
         outcome.usage = _usage_of(data)
     elif call.secret:
         data = data.replace(call.secret.encode(), b"[redacted]")
-    response = web.Response(
-        status=upstream.status,
-        body=data,
-        content_type=upstream.content_type or "application/json",
-        headers=call.headers,
-    )
+    content_type = upstream.content_type or "application/json"
+    if upstream.status >= 400:
+        data = openai_error_body(upstream.status, data, urlsplit(call.url).path, call.body.get("model"))
+        content_type = "application/json"
+    response = web.Response(status=upstream.status, body=data, content_type=content_type, headers=call.headers)
     return response, outcome
 
 
