@@ -8,6 +8,7 @@ benchmarks find it (``$KVGATE_PEERS_DIR``, default ``../peers``: see bench/VLLM.
 absent, the module skips with the install steps and costs nothing.
 """
 
+import json
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -179,7 +180,7 @@ def test_chat_with_n_logprobs_seed_stop_and_penalties_whole_and_streamed(deploym
     assert all(chunk.usage is None for chunk in unasked), "the usage the gateway asked for is not passed on"
 
 
-def test_seed_stop_penalties_and_bias_reach_vllm(deployment: Deployment) -> None:
+def test_seed_stop_penalties_bias_and_response_format_reach_vllm(deployment: Deployment) -> None:
     create = deployment.client.chat.completions.create
     stopped = create(model=MODEL, messages=CAPITAL, max_tokens=12, temperature=0, stop=["Paris"]).choices[0]
     assert stopped.message.content == "The capital of France is " and stopped.finish_reason == "stop"
@@ -197,6 +198,15 @@ def test_seed_stop_penalties_and_bias_reach_vllm(deployment: Deployment) -> None
         .message.content
     )
     assert (plain or "").lower().count("hello") > (penalized or "").lower().count("hello")
+    schema: dict[str, object] = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    structured = create(
+        model=MODEL,
+        messages=CAPITAL,
+        max_tokens=16,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+    )
+    assert set(json.loads(structured.choices[0].message.content or "")) == {"city"}
 
 
 def test_completions_with_n_logprobs_whole_and_streamed(deployment: Deployment) -> None:
