@@ -3,7 +3,7 @@
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -39,14 +39,19 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
         refusal = OpenAIError(exc.status, exc.reason or exc.text or "error", code=code)
-        record_refusal(request.config_dict.get(GATEWAY), refusal)
+        _record_refusal(request.config_dict.get(GATEWAY), refusal)
         return error_response(refusal)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error"))
 
 
-def record_refusal(gateway: Gateway | None, error: OpenAIError) -> None:
+def refusal_recorder(app: web.Application) -> Callable[[OpenAIError], None]:
+    """What records a request refused before any endpoint ran (aiohttp's parser) for ``app``."""
+    return lambda error: _record_refusal(app.get(GATEWAY), error)
+
+
+def _record_refusal(gateway: Gateway | None, error: OpenAIError) -> None:
     """Record a request refused before any endpoint ran (aiohttp's parser or router) in the request
     log and metrics, like every other refusal; ``gateway`` is None before it has started."""
     if gateway is not None:

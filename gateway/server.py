@@ -15,11 +15,10 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway import event_loop
-from gateway.app import create_app, record_refusal
+from gateway.app import create_app, refusal_recorder
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.http_server import GatewayRunner
 from gateway.reload import reload_on_signal
-from gateway.state import GATEWAY
 from gateway.workers.identity import WorkerIdentity
 from gateway.workers.parent import run_workers
 from gateway.workers.worker import make_worker, start_private_site
@@ -111,7 +110,7 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
     runner = GatewayRunner(
         app,
         header_timeout_s=config.timeouts.client_headers_s,
-        on_refused=lambda error: record_refusal(app.get(GATEWAY), error),
+        on_refused=refusal_recorder(app),
         handler_cancellation=True,
         shutdown_timeout=SHUTDOWN_GRACE_S,
         access_log=None,
