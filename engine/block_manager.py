@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from engine.host_kv_pool import HostKVPool
+from engine.lora_modules import LoRARef
 from engine.runner_api import BlockTransfer
 from engine.sequence import Sequence
 from engine.session_retention import SessionRetention
@@ -43,6 +44,8 @@ class Block:
     """The tokens whose KV the block holds, compared on a hash hit."""
     parent_hash: BlockHash | None = None
     """The hash of the block before it in its prompt (None for a first block)."""
+    lora: LoRARef | None = None
+    """The LoRA adapter its KV was computed under (None: the base model)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,9 @@ class BlockManager:
         if num_full <= seq.num_registered_blocks:
             return
         computed = seq.token_ids[: num_full * self.block_size]
-        extend_block_hashes(seq.block_hashes, computed, self.block_size, self.model_name, seq.cache_salt)
+        extend_block_hashes(
+            seq.block_hashes, computed, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
+        )
         stored: list[int] = []
         for index in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_table[index]]
@@ -204,6 +209,7 @@ class BlockManager:
             block.block_hash = None
             block.token_ids = ()
             block.parent_hash = None
+            block.lora = None
         self._cached.clear()
         self._empty.extend(self._evictable)
         self._empty.extend(self._retained)
@@ -242,11 +248,11 @@ class BlockManager:
         in_use.sort(key=depth_of, reverse=True)
         device = [self.blocks[block_id] for block_id in (*self._evictable, *self._retained)] + in_use
         host = [
-            _stored(self.block_size, block_hash, entry.parent_hash, entry.token_ids, MEDIUM_CPU)
+            _stored(self.block_size, block_hash, entry.parent_hash, entry.token_ids, MEDIUM_CPU, entry.lora)
             for block_hash, entry in self.host.entries()
         ]
         return host + [
-            _stored(self.block_size, block.block_hash, block.parent_hash, block.token_ids, MEDIUM_GPU)
+            _stored(self.block_size, block.block_hash, block.parent_hash, block.token_ids, MEDIUM_GPU, block.lora)
             for block in device
             if block.block_hash is not None
         ]
@@ -291,7 +297,9 @@ class BlockManager:
         A device hit is its block id; a block found in the host pool is a ``_HostHit``.
         """
         max_hit_blocks = (len(seq.token_ids) - 1) // self.block_size
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt)
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
+        )
         hits: list[int | _HostHit] = []
         for index in range(max_hit_blocks):
             block_hash = seq.block_hashes[index]
@@ -314,6 +322,7 @@ class BlockManager:
         block.block_hash = block_hash
         block.token_ids = self._block_tokens(seq, index)
         block.parent_hash = seq.block_hashes[index - 1] if index > 0 else None
+        block.lora = seq.adapter
         self._cached[block_hash] = block.block_id
 
     def _revive_from_host(self, seq: Sequence, index: int, block_id: int, slot: int) -> None:
@@ -370,21 +379,21 @@ class BlockManager:
         block_hash = block.block_hash
         del self._cached[block_hash]
         self.events.append(BlockRemoved([hash_to_bytes(block_hash)], MEDIUM_GPU))
-        stored = self.host.store(block_hash, block.token_ids, block.parent_hash) if self.host.num_slots else None
+        stored = (
+            self.host.store(block_hash, block.token_ids, block.parent_hash, block.lora) if self.host.num_slots else None
+        )
         if stored is not None:
             slot, displaced = stored
             if displaced is not None:
                 self.events.append(BlockRemoved([hash_to_bytes(displaced)], MEDIUM_CPU))
             self.transfers.append(BlockTransfer(to_host=True, device_block=block.block_id, host_slot=slot))
-            parent = hash_to_bytes(block.parent_hash) if block.parent_hash is not None else None
             self.events.append(
-                BlockStored(
-                    [hash_to_bytes(block_hash)], parent, list(block.token_ids), self.block_size, medium=MEDIUM_CPU
-                )
+                _stored(self.block_size, block_hash, block.parent_hash, block.token_ids, MEDIUM_CPU, block.lora)
             )
         block.block_hash = None
         block.token_ids = ()
         block.parent_hash = None
+        block.lora = None
 
     def _emit_stored(self, seq: Sequence, indices: list[int]) -> None:
         """One BlockStored per run of consecutive newly cached blocks."""
@@ -402,17 +411,27 @@ class BlockManager:
                     parent_block_hash=hash_to_bytes(parent) if parent is not None else None,
                     token_ids=seq.token_ids[run[0] * self.block_size : (run[-1] + 1) * self.block_size],
                     block_size=self.block_size,
+                    lora_id=seq.adapter.lora_id if seq.adapter is not None else None,
+                    lora_name=seq.adapter_name,
                 )
             )
 
 
 def _stored(
-    block_size: int, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: tuple[int, ...], medium: str
+    block_size: int,
+    block_hash: BlockHash,
+    parent_hash: BlockHash | None,
+    token_ids: tuple[int, ...],
+    medium: str,
+    lora: LoRARef | None,
 ) -> BlockStored:
+    """One block's BlockStored; an adapter's block carries its ``lora_id`` and ``lora_name`` as vLLM's do."""
     return BlockStored(
         block_hashes=[hash_to_bytes(block_hash)],
         parent_block_hash=hash_to_bytes(parent_hash) if parent_hash is not None else None,
         token_ids=list(token_ids),
         block_size=block_size,
+        lora_id=lora.lora_id if lora is not None else None,
         medium=medium,
+        lora_name=lora.name if lora is not None else None,
     )

@@ -15,6 +15,14 @@ from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
 from engine.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
 from engine.llm_engine import LLMEngine
 from engine.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
+from engine.lora_modules import (
+    DEFAULT_MAX_LORA_RANK,
+    AdapterConfig,
+    LoRAError,
+    LoRAModule,
+    check_modules,
+    parse_lora_module,
+)
 from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner
 from engine.scheduler import Scheduler
@@ -58,6 +66,13 @@ def fraction(text: str) -> float:
     return value
 
 
+def lora_module(text: str) -> LoRAModule:
+    try:
+        return parse_lora_module(text)
+    except LoRAError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvgate engine",
@@ -85,6 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--max-model-len", type=positive_int,
         help=f"longest prompt + output in tokens (default: the model's context, at most {MAX_DEFAULT_MODEL_LEN})",
+    )  # fmt: skip
+
+    lora = parser.add_argument_group("LoRA adapters", "PEFT LoRA adapters served beside the base model, per request")
+    lora.add_argument(
+        "--lora-modules", nargs="+", type=lora_module, default=[], metavar="NAME=PATH",
+        help="adapters as NAME=PATH (or vLLM's JSON form {\"name\": ..., \"path\": ...}); PATH is a PEFT folder "
+        "(adapter_config.json + adapter_model.safetensors); a request runs under one by sending its NAME as model",
+    )  # fmt: skip
+    lora.add_argument(
+        "--max-lora-rank", type=positive_int, default=DEFAULT_MAX_LORA_RANK,
+        help="largest adapter rank accepted; a higher one stops the engine at start-up (default: %(default)s)",
+    )  # fmt: skip
+    lora.add_argument(
+        "--enable-lora", action="store_true",
+        help="accepted for vLLM command-line compatibility: adapters are enabled by --lora-modules",
     )  # fmt: skip
 
     server = parser.add_argument_group("server")
@@ -227,10 +257,19 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         check_invariants=args.check_invariants,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         log_level=args.log_level,
+        lora_modules=tuple(args.lora_modules),
+        max_lora_rank=args.max_lora_rank,
     )
 
 
-def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenizer, host_blocks: int) -> ModelRunner:
+def build_runner(
+    config: EngineConfig,
+    budget: KVBudget,
+    tokenizer: ChatTokenizer,
+    host_blocks: int,
+    adapters: tuple[AdapterConfig, ...] = (),
+) -> ModelRunner:
+    """The cost model (which reads no adapter weights), or the real model with its adapters loaded and checked."""
     if config.sim_costs is not None:
         costs = config.sim_costs
         if config.sim_host_bandwidth_gbs is not None:
@@ -251,6 +290,7 @@ def build_runner(config: EngineConfig, budget: KVBudget, tokenizer: ChatTokenize
         config.dtype,
         config.kv_cache_dtype,
         host_blocks,
+        adapters,
     )
 
 
@@ -263,6 +303,7 @@ def plan_budget(config: EngineConfig, arch: ModelArch) -> KVBudget:
 
 
 def build_server(config: EngineConfig) -> EngineServer:
+    adapters = tuple(check_modules(config.lora_modules, config.served_model_name, config.max_lora_rank))
     arch = load_arch(config.model)
     budget = plan_budget(config, arch)
     log.info("%s", budget.describe())
@@ -271,7 +312,7 @@ def build_server(config: EngineConfig) -> EngineServer:
     if host_blocks:
         log.info("host KV tier: %d blocks = %.2f GiB", host_blocks, host_blocks * bytes_per_block / GIB)
     tokenizer = ChatTokenizer.load(config.model)
-    runner = build_runner(config, budget, tokenizer, host_blocks)
+    runner = build_runner(config, budget, tokenizer, host_blocks, adapters)
     retention = SessionRetention(int(config.session_retain_fraction * budget.num_blocks), config.session_ttl_s)
     block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -287,7 +328,15 @@ def build_server(config: EngineConfig) -> EngineServer:
         load_publisher = LoadPublisher(config.load_events, engine.load, config.load_events_interval_s)
         engine.on_admitted = load_publisher.nudge
         engine.announce_prompts = True
-    return EngineServer(engine, tokenizer, config.served_model_name, budget.max_model_len, load_publisher)
+    return EngineServer(
+        engine,
+        tokenizer,
+        config.served_model_name,
+        budget.max_model_len,
+        load_publisher,
+        model_root=config.model,
+        lora_modules=config.lora_modules,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -301,7 +350,7 @@ def main(argv: list[str]) -> int:
         if config.otlp_traces_endpoint:
             configure_tracing("kvgate-engine", otlp_exporter(config.otlp_traces_endpoint))
         server = build_server(config)
-    except (KVBudgetError, ModelNotFoundError, zmq.ZMQError, RuntimeError) as exc:
+    except (KVBudgetError, ModelNotFoundError, LoRAError, zmq.ZMQError, RuntimeError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2
     mode = "simulated" if config.sim else f"{config.device}/{config.dtype}"

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from engine.lora_modules import DEFAULT_MAX_LORA_RANK, LoRAModule
 from engine.session_retention import DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S
 from engine.sim_runner import SimCosts
 
@@ -53,6 +54,9 @@ class EngineConfig:
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP collector URL for the engine's trace spans; None: no export."""
     log_level: str = "INFO"
+    lora_modules: tuple[LoRAModule, ...] = ()
+    """LoRA adapters served beside the base model; a request names one as its ``model``."""
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     @property
     def sim(self) -> bool:

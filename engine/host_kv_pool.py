@@ -16,6 +16,7 @@ entry; an entry's slot is the one the slot table names.
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.lora_modules import LoRARef
 from radix.hashing import BlockHash
 
 GIB = 1024**3
@@ -26,6 +27,8 @@ class HostEntry:
     slot: int
     token_ids: tuple[int, ...]
     parent_hash: BlockHash | None
+    lora: LoRARef | None = None
+    """The adapter the block was computed under (its KV events name it)."""
 
 
 class HostKVPool:
@@ -50,7 +53,11 @@ class HostKVPool:
         return entry is not None and entry.token_ids == token_ids
 
     def store(
-        self, block_hash: BlockHash, token_ids: tuple[int, ...], parent_hash: BlockHash | None
+        self,
+        block_hash: BlockHash,
+        token_ids: tuple[int, ...],
+        parent_hash: BlockHash | None,
+        lora: LoRARef | None = None,
     ) -> tuple[int, BlockHash | None] | None:
         """A slot for a block leaving the device, and the hash of the entry it displaced (if any).
 
@@ -63,7 +70,7 @@ class HostKVPool:
             displaced, old = self._entries.popitem(last=False)
             self._free.append(old.slot)
         slot = self._free.pop()
-        self._entries[block_hash] = HostEntry(slot, token_ids, parent_hash)
+        self._entries[block_hash] = HostEntry(slot, token_ids, parent_hash, lora)
         return slot, displaced
 
     def claim(self, block_hash: BlockHash) -> HostEntry:

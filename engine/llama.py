@@ -3,7 +3,8 @@
 Numerics follow transformers' own modeling code op for op (RMSNorm in float32, rotate-half RoPE
 with cos/sin from the same inverse frequencies), so float32 greedy output matches it token for
 token. Q/K/V and gate/up projections are fused into one matmul each; the rope table is computed
-once for every position. On CPU every weight matrix is reordered once, at load, into oneDNN's
+once for every position. LoRA adapters add their deltas after each projection, on their own rows
+only (``engine/lora_batch.py``). On CPU every weight matrix is reordered once, at load, into oneDNN's
 blocked layout (``Linear``).
 """
 
@@ -14,6 +15,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kv_cache import PagedKVCache
+from engine.lora_batch import LoRABatch
 
 Weights = dict[str, torch.Tensor]
 
@@ -128,19 +130,34 @@ class DecoderLayer:
         cache: PagedKVCache,
         layer: int,
         metadata: AttentionMetadata,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = self.qkv(self.input_norm(x))
+        normed = self.input_norm(x)
+        qkv = self.qkv(normed)
+        if lora is not None:
+            lora.add(qkv, normed, layer, "qkv")
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         query, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
         cos, sin = rope
         query = _rotate(query.view(tokens, self.num_heads, self.head_dim), cos, sin)
         key = _rotate(key.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
         value = value.view(tokens, self.num_kv_heads, self.head_dim)
-        attended = paged_attention(query, key, value, cache, layer, metadata)
-        x = x + self.o_proj(attended.view(tokens, q_size))
-        gate, up = self.gate_up(self.post_attention_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        attended = paged_attention(query, key, value, cache, layer, metadata).view(tokens, q_size)
+        attention_out = self.o_proj(attended)
+        if lora is not None:
+            lora.add(attention_out, attended, layer, "o")
+        x = x + attention_out
+        normed = self.post_attention_norm(x)
+        gate_up = self.gate_up(normed)
+        if lora is not None:
+            lora.add(gate_up, normed, layer, "gate_up")
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = F.silu(gate) * up
+        mlp_out = self.down(activated)
+        if lora is not None:
+            lora.add(mlp_out, activated, layer, "down")
+        return x + mlp_out
 
 
 class LlamaForPagedLM:
@@ -165,13 +182,21 @@ class LlamaForPagedLM:
         ]
 
     def hidden_states(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        metadata: AttentionMetadata,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states ``[tokens, hidden]``; writes every token's KV into ``cache``."""
+        """Final-norm hidden states ``[tokens, hidden]``; writes every token's KV into ``cache``.
+
+        ``lora`` adds its adapters' deltas to their rows' projections (None: base model only).
+        """
         x = F.embedding(input_ids, self.embed)
         rope = self.rope.at(positions)
         for index, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, index, metadata)
+            x = layer(x, rope, cache, index, metadata, lora)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

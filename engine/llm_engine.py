@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from engine.block_manager import BlockManager
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_events import KVEventPublisher, Snapshot
+from engine.lora_modules import LoRARef
 from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner, SamplingParams, TokenLogprobs
 from engine.scheduler import ScheduledStep, Scheduler
@@ -152,6 +153,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         session: str | None = None,
         n: int = 1,
+        adapter: LoRARef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream the outputs of ``n`` samples of one prompt; closing the iterator early aborts them.
 
@@ -159,7 +161,7 @@ class LLMEngine:
         prefix cache, so they share the prompt's full KV blocks and compute only its tail. A
         seeded request gives sample ``i`` the seed ``seed + i``, as vLLM does. ``session`` (the
         request's ``kvgate_session``) asks the block manager to keep this turn's blocks longer
-        than one-shot blocks.
+        than one-shot blocks. ``adapter`` runs the samples under that LoRA adapter.
         """
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         requests = []
@@ -170,7 +172,14 @@ class LLMEngine:
                 else dataclasses.replace(sampling, seed=sampling.seed + index)
             )
             seq = Sequence(
-                next(self._seq_ids), prompt_token_ids, params, max_total_tokens, cache_salt, eos_token_id, session
+                next(self._seq_ids),
+                prompt_token_ids,
+                params,
+                max_total_tokens,
+                cache_salt,
+                eos_token_id,
+                session,
+                adapter=adapter,
             )
             requests.append(_Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), outputs, index))
         first = requests[0]
@@ -189,14 +198,14 @@ class LLMEngine:
                 seq_ids = [request.seq.seq_id for request in requests]
                 self._commands.put(lambda: self._abort_all(seq_ids))
 
-    async def embed(self, token_ids: list[int]) -> list[float]:
-        """The runner's pooled embedding of ``token_ids``, computed on the engine thread between steps."""
+    async def embed(self, token_ids: list[int], adapter: LoRARef | None = None) -> list[float]:
+        """The runner's pooled embedding of ``token_ids`` (under ``adapter``), computed on the engine thread between steps."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[list[float]] = loop.create_future()
 
         def compute() -> None:
             try:
-                vector = self.runner.embed(token_ids)
+                vector = self.runner.embed(token_ids, adapter.lora_id if adapter is not None else 0)
             except Exception as exc:
                 log.exception("embedding failed")
                 loop.call_soon_threadsafe(_settle, result, None, EngineError(f"embedding failed: {exc}"))
@@ -310,6 +319,7 @@ class LLMEngine:
                 block_manager.block_size,
                 block_manager.model_name,
                 seq.cache_salt,
+                seq.adapter_name,
             )
             self._announced.append([hash_to_bytes(block_hash) for block_hash in seq.block_hashes[:full_blocks]])
 

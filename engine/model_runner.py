@@ -7,6 +7,9 @@ from engine.flashinfer_attention import FlashInferAttention, select_backend
 from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
+from engine.lora_batch import LoRABatch, segments_of
+from engine.lora_modules import AdapterConfig
+from engine.lora_weights import AdapterWeights, load_adapter, projection_shapes
 from engine.pooling import last_token_embedding
 from engine.runner_api import BlockTransfer, SeqChunk, TokenLogprobs
 from engine.sampler import Sampler, apply_penalties, token_logprobs
@@ -35,6 +38,7 @@ class TorchModelRunner:
         dtype: str = "float32",
         kv_cache_dtype: str = "auto",
         host_blocks: int = 0,
+        adapters: tuple[AdapterConfig, ...] = (),
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -49,6 +53,11 @@ class TorchModelRunner:
         eos = loaded.config.eos_token_id
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         self.model = LlamaForPagedLM(loaded.config, loaded.weights, compute_dtype, self.device)
+        shapes = projection_shapes(loaded.config, self.model.head_dim)
+        self.adapters: list[AdapterWeights] = [
+            load_adapter(config, shapes, self.model.num_layers, compute_dtype, self.device) for config in adapters
+        ]
+        """Loaded LoRA adapters; a chunk's ``lora_id`` i runs under ``adapters[i - 1]``."""
         shape = KVCacheShape(
             self.model.num_layers, num_blocks, block_size, self.model.num_kv_heads, self.model.head_dim
         )
@@ -94,7 +103,7 @@ class TorchModelRunner:
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         if not chunks:
             return []
-        order = sorted(range(len(chunks)), key=lambda index: len(chunks[index].token_ids) > 1)
+        order = sorted(range(len(chunks)), key=lambda index: (len(chunks[index].token_ids) > 1, chunks[index].lora_id))
         ordered = [chunks[index] for index in order]
         decodes = [chunk for chunk in ordered if len(chunk.token_ids) == 1]
         metadata = AttentionMetadata.build(
@@ -107,6 +116,7 @@ class TorchModelRunner:
             torch.tensor(positions, device=self.device),
             self.kv_cache,
             metadata,
+            self._lora_batch(ordered),
         )
         results: list[int | None] = [None] * len(chunks)
         sampled_indices, last_rows = [], []
@@ -126,6 +136,13 @@ class TorchModelRunner:
             self._logprobs = self._logprobs_of(logits, sampled, tokens)
         return results
 
+    def _lora_batch(self, ordered: list[SeqChunk]) -> LoRABatch | None:
+        """The step's adapter segments (chunks are ordered so each adapter's rows are contiguous)."""
+        if not any(chunk.lora_id for chunk in ordered):
+            return None
+        lengths = [len(chunk.token_ids) for chunk in ordered]
+        return LoRABatch(segments_of([chunk.lora_id for chunk in ordered], lengths, self.adapters))
+
     def _logprobs_of(self, logits: torch.Tensor, chunks: list[SeqChunk], tokens: list[int]) -> dict[int, TokenLogprobs]:
         rows = [row for row, chunk in enumerate(chunks) if chunk.sampling.logprobs is not None]
         if not rows:
@@ -139,8 +156,9 @@ class TorchModelRunner:
         return logprobs
 
     @torch.inference_mode()
-    def embed(self, token_ids: list[int]) -> list[float]:
-        return last_token_embedding(self.model, token_ids, self.block_size, self.device)
+    def embed(self, token_ids: list[int], lora_id: int = 0) -> list[float]:
+        lora = LoRABatch(segments_of([lora_id], [len(token_ids)], self.adapters)) if lora_id else None
+        return last_token_embedding(self.model, token_ids, self.block_size, self.device, lora)
 
     def release(self, seq_id: int) -> None:
         """Nothing to forget: seeded draws derive from (seed, num_generated), not from kept state."""

@@ -9,6 +9,7 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel
 
+from engine.lora_modules import LoRARef
 from engine.runner_api import SamplingParams
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 from protocol.openai import (
@@ -34,10 +35,17 @@ def parse_request(body: bytes, schema: type[RequestT]) -> RequestT:
     return validate(data, schema)
 
 
-def check_model(requested: str | None, served_model_name: str) -> None:
-    """The bundled engine serves one model and no LoRA adapters (it loads no adapter weights)."""
-    if requested is not None and requested != served_model_name:
-        raise model_not_found(requested, f"; this engine serves {served_model_name!r} and no LoRA adapters")
+def check_model(
+    requested: str | None, served_model_name: str, adapters: dict[str, LoRARef] | None = None
+) -> LoRARef | None:
+    """The LoRA adapter ``requested`` names (None: the base model); an unknown name is a 404, as in vLLM."""
+    if requested is None or requested == served_model_name:
+        return None
+    adapter = (adapters or {}).get(requested)
+    if adapter is None:
+        served = f"the LoRA adapters {', '.join(map(repr, adapters))}" if adapters else "no LoRA adapters"
+        raise model_not_found(requested, f"; this engine serves {served_model_name!r} and {served}")
+    return adapter
 
 
 def _checked_ids(token_ids: list[int], tokenizer: ChatTokenizer, param: str) -> list[int]:

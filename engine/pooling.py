@@ -11,12 +11,17 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
+from engine.lora_batch import LoRABatch
 from engine.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
 
 
 def last_token_embedding(
-    model: LlamaForPagedLM, token_ids: list[int], block_size: int, device: torch.device
+    model: LlamaForPagedLM,
+    token_ids: list[int],
+    block_size: int,
+    device: torch.device,
+    lora: LoRABatch | None = None,
 ) -> list[float]:
     num_blocks = blocks_for(len(token_ids), block_size)
     compute_dtype = model.embed.dtype
@@ -25,6 +30,6 @@ def last_token_embedding(
     chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
     metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device)
     positions = torch.arange(len(token_ids), device=device)
-    hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata)
+    hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata, lora)
     last = hidden[-1].float()
     return (last / last.norm().clamp(min=1e-12)).tolist()

@@ -70,6 +70,8 @@ class SeqChunk:
     """Tokens this sequence has generated so far (seeded sampling stays reproducible per step)."""
     output_token_ids: list[int] = field(default_factory=list)
     """The generated tokens, filled only when ``sampling.penalized`` (penalties count them)."""
+    lora_id: int = 0
+    """The LoRA adapter the chunk runs under (its ``--lora-modules`` position from 1; 0: the base model)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,6 @@ class ModelRunner(Protocol):
         """Logprobs of the tokens the last ``execute`` sampled, by seq_id, for chunks that asked."""
         ...
 
-    def embed(self, token_ids: list[int]) -> list[float]:
+    def embed(self, token_ids: list[int], lora_id: int = 0) -> list[float]:
         """A pooled, L2-normalized embedding of ``token_ids`` (computed outside the paged cache)."""
         ...

@@ -126,6 +126,7 @@ class Scheduler:
                 sampling=seq.sampling,
                 num_generated=seq.num_output_tokens,
                 output_token_ids=seq.output_token_ids if seq.sampling.penalized else [],
+                lora_id=seq.lora_id,
             )
         )
         return end - start

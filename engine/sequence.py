@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from engine.lora_modules import LoRARef
 from engine.runner_api import SamplingParams
 
 
@@ -31,6 +32,8 @@ class Sequence:
     eos_token_id: int | None = None
     session: str | None = None
     """The client's session key (``kvgate_session``): a retention hint for the block manager."""
+    adapter: LoRARef | None = None
+    """The LoRA adapter the sequence runs under (None: the base model); it seeds its block hashes."""
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -50,6 +53,14 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self.adapter.name if self.adapter is not None else None
+
+    @property
+    def lora_id(self) -> int:
+        return self.adapter.lora_id if self.adapter is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from engine.embeddings import embeddings_response
 from engine.llm_engine import EngineError, LLMEngine, RequestOutput
 from engine.load_publisher import LoadPublisher
+from engine.lora_modules import LoRAModule, LoRARef, lora_refs
 from engine.openai_checks import (
     chat_prompt_ids,
     check_model,
@@ -75,12 +76,17 @@ class EngineServer:
         served_model_name: str,
         max_model_len: int,
         load_publisher: LoadPublisher | None = None,
+        model_root: str | None = None,
+        lora_modules: tuple[LoRAModule, ...] = (),
     ) -> None:
         self.engine = engine
         self.load_publisher = load_publisher
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
+        self.model_root = model_root or served_model_name
+        self.lora_modules = lora_modules
+        self.adapters: dict[str, LoRARef] = lora_refs(lora_modules)
         self.created = int(time.time())
 
     def build_app(self) -> web.Application:
@@ -100,31 +106,33 @@ class EngineServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), CompletionRequest)
-        check_model(body.model, self.served_model_name)
+        adapter = self._adapter(body.model)
         prompt_ids = await asyncio.to_thread(completion_prompt_ids, body, self.tokenizer)
-        return await self._generate(request, body, prompt_ids, self._shape(chat=False, logprobs=body.logprobs))
+        shape = self._shape(adapter, chat=False, logprobs=body.logprobs)
+        return await self._generate(request, body, prompt_ids, shape, adapter)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ChatCompletionRequest)
-        check_model(body.model, self.served_model_name)
+        adapter = self._adapter(body.model)
         prompt_ids = await asyncio.to_thread(chat_prompt_ids, body, self.tokenizer)
-        return await self._generate(request, body, prompt_ids, self._shape(chat=True, logprobs=body.num_logprobs))
+        shape = self._shape(adapter, chat=True, logprobs=body.num_logprobs)
+        return await self._generate(request, body, prompt_ids, shape, adapter)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = parse_request(await request.read(), EmbeddingRequest)
-        check_model(body.model, self.served_model_name)
+        adapter = self._adapter(body.model)
         inputs = await asyncio.to_thread(embedding_inputs, body, self.tokenizer, self.max_model_len)
-        vectors = [await self.engine.embed(token_ids) for token_ids in inputs]
+        vectors = [await self.engine.embed(token_ids, adapter) for token_ids in inputs]
         num_tokens = sum(len(token_ids) for token_ids in inputs)
-        return json_response(embeddings_response(self.served_model_name, vectors, num_tokens, body))
+        return json_response(embeddings_response(self._model_name(adapter), vectors, num_tokens, body))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ResponsesRequest)
-        check_model(body.model, self.served_model_name)
+        adapter = self._adapter(body.model)
         prompt_ids = await asyncio.to_thread(responses_prompt_ids, body, self.tokenizer)
         params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
-        builder = ResponseBuilder(self.served_model_name, body)
-        outputs = self._traced(request, prompt_ids, params, body.cache_salt, 1)
+        builder = ResponseBuilder(self._model_name(adapter), body)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, 1, adapter=adapter)
         async with aclosing(outputs):
             if body.stream:
                 return await self._stream_response(request, outputs, builder)
@@ -144,12 +152,20 @@ class EngineServer:
         cache_salt: str | None,
         n: int,
         session: str | None = None,
+        adapter: LoRARef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs; each finished sample also leaves its spans in the caller's trace."""
         parent = remote_parent(request.headers)
         request_id = request.headers.get("x-request-id", "")
         outputs = self.engine.generate(
-            prompt_ids, params, self.max_model_len, self.tokenizer.eos_token_id, cache_salt, session=session, n=n
+            prompt_ids,
+            params,
+            self.max_model_len,
+            self.tokenizer.eos_token_id,
+            cache_salt,
+            session=session,
+            n=n,
+            adapter=adapter,
         )
         async with aclosing(outputs):
             async for output in outputs:
@@ -157,23 +173,38 @@ class EngineServer:
                     record_spans(parent, output, request_id)
                 yield output
 
-    def _shape(self, chat: bool, logprobs: int | None) -> ResponseShape:
+    def _adapter(self, requested: str | None) -> LoRARef | None:
+        return check_model(requested, self.served_model_name, self.adapters)
+
+    def _model_name(self, adapter: LoRARef | None) -> str:
+        """The ``model`` a response reports: the adapter's name for an adapter request, as vLLM does."""
+        return adapter.name if adapter is not None else self.served_model_name
+
+    def _shape(self, adapter: LoRARef | None, chat: bool, logprobs: int | None) -> ResponseShape:
         token_text = self._token_text if logprobs is not None else _no_token_text
-        return ResponseShape(self.served_model_name, chat, token_text, want_logprobs=logprobs is not None)
+        return ResponseShape(self._model_name(adapter), chat, token_text, want_logprobs=logprobs is not None)
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def models(self, request: web.Request) -> web.Response:
-        model = {
-            "id": self.served_model_name,
+        """The base model and each LoRA adapter (``parent``: the base model, ``root``: its folder), as vLLM lists them."""
+        base = self._model_card(self.served_model_name, self.model_root, None)
+        adapters = [
+            self._model_card(module.name, str(module.path), self.served_model_name) for module in self.lora_modules
+        ]
+        return json_response({"object": "list", "data": [base, *adapters]})
+
+    def _model_card(self, name: str, root: str, parent: str | None) -> dict[str, Any]:
+        return {
+            "id": name,
             "object": "model",
             "created": self.created,
             "owned_by": "kvgate",
-            "parent": None,
+            "root": root,
+            "parent": parent,
             "max_model_len": self.max_model_len,
         }
-        return json_response({"object": "list", "data": [model]})
 
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -194,9 +225,10 @@ class EngineServer:
         body: CompletionRequest | ChatCompletionRequest,
         prompt_ids: list[int],
         shape: ResponseShape,
+        adapter: LoRARef | None,
     ) -> web.StreamResponse:
         params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
-        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, body.kvgate_session)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, body.kvgate_session, adapter)
         async with aclosing(outputs):
             if body.stream:
                 return await self._stream(request, outputs, shape, body.n, body.include_usage)

@@ -116,9 +116,9 @@ class SimRunner:
         logprobs, self._logprobs = self._logprobs, {}
         return logprobs
 
-    def embed(self, token_ids: list[int]) -> list[float]:
-        """A fake unit vector: the same ids always give the same vector, different ids another."""
-        seed = xxhash.xxh64_intdigest(b"".join(token.to_bytes(4, "little") for token in token_ids))
+    def embed(self, token_ids: list[int], lora_id: int = 0) -> list[float]:
+        """A fake unit vector: the same ids (and adapter) always give the same vector, different ones another."""
+        seed = xxhash.xxh64_intdigest(b"".join(token.to_bytes(4, "little") for token in token_ids), lora_id)
         values = [((seed >> (index % 64)) & 0xFF) - 127.5 + index for index in range(SIM_EMBEDDING_DIM)]
         norm = math.sqrt(sum(value * value for value in values))
         return [value / norm for value in values]

@@ -7,10 +7,11 @@ map from the engine's hash of each block to the kvgate hashes it covers (an engi
 ``k * block_size`` tokens is ``k`` kvgate blocks). A 16-byte hash over blocks of kvgate's size
 is taken as kvgate's own, which is what keeps salted requests exact on bundled engines.
 
-LoRA: a block cached under an adapter is re-derived from the adapter's root
+LoRA: a foreign engine's block cached under an adapter is re-derived from the adapter's root
 (``root_hash(model, adapter=...)``, the event's ``lora_name``; an event with only the older
 ``lora_id`` gets a root of its own, ``lora-id:<id>``), so it never matches a base-model request
-or another adapter's. Tiers: an event's ``medium`` says where the block lives; None or "GPU"
+or another adapter's. A bundled engine's hashes already have the adapter (and the cache salt)
+in their root, so they are taken as they are, like its base-model hashes. Tiers: an event's ``medium`` says where the block lives; None or "GPU"
 is the device, any other ("CPU", a disk tier) is host memory, recorded as such in the index so
 the router can price a hit there as a copy rather than as free (radix/prefix_index.py).
 
@@ -166,10 +167,9 @@ class KVEventApplier:
                 engine_size,
             )
             return None
-        adapter = adapter_of(event)
-        if adapter is None and engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
+        if engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
             return [int.from_bytes(external, "big") for external in event.block_hashes if isinstance(external, bytes)]
-        parent = self._parent_hash(event.parent_block_hash, adapter)
+        parent = self._parent_hash(event.parent_block_hash, adapter_of(event))
         if parent is None:
             self.counters.orphans += 1
             return None
@@ -194,7 +194,7 @@ class KVEventApplier:
         derived = self._derived.get(external)
         if derived is not None:
             return derived[-1]
-        if adapter is None and isinstance(external, bytes) and _is_kvgate_hash(external):
+        if isinstance(external, bytes) and _is_kvgate_hash(external):
             return int.from_bytes(external, "big")
         return None
 
