@@ -10,9 +10,10 @@ Each step is timed in CPU seconds of this process (``time.process_time``), not w
 shared machine, CPU time counts the work the step did and hardly what other processes did.
 With one thread (the default here) CPU time is the step's cost; with more, OpenMP threads that
 spin while waiting add to it. ``--profile`` prints torch.profiler's table of operators by self
-CPU time for each step.
+CPU time for each step. ``--lora FOLDER`` runs every step under that PEFT LoRA adapter (its cost
+over the base model's is the adapter's; a step without adapter rows runs the base model's ops only).
 
-    python -m bench.engine.step_profile [--dtype bfloat16] [--threads 1] [--repeats 5] [--profile]
+    python -m bench.engine.step_profile [--dtype bfloat16] [--threads 1] [--repeats 5] [--profile] [--lora DIR]
 """
 
 import argparse
@@ -20,10 +21,12 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from engine.lora_modules import LoRAModule, check_modules
 from engine.model_runner import TorchModelRunner
 from engine.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
@@ -85,18 +88,25 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", default=["cold", "cached", "decode"])
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's operator table per step")
     parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--lora", type=Path, metavar="DIR", help="run every step under this PEFT LoRA adapter")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompt_blocks = blocks_for(args.prompt, BLOCK_SIZE)
     num_blocks = prompt_blocks + args.batch * blocks_for(args.decode_context, BLOCK_SIZE)
-    runner = TorchModelRunner(args.model, BLOCK_SIZE, num_blocks, "cpu", args.dtype, args.kv_cache_dtype)
+    modules = (LoRAModule("bench", args.lora),) if args.lora else ()
+    adapters = tuple(check_modules(modules, args.model, max_rank=1 << 16))
+    runner = TorchModelRunner(
+        args.model, BLOCK_SIZE, num_blocks, "cpu", args.dtype, args.kv_cache_dtype, adapters=adapters
+    )
     steps = {
         "cold": cold_step(args.prompt),
         "cached": cached_step(args.prompt, args.cached),
         "decode": decode_step(args.batch, args.decode_context, prompt_blocks),
     }
+    for chunk in (chunk for chunks in steps.values() for chunk in chunks):
+        chunk.lora_id = len(adapters)
     runner.execute(steps["cold"])
-    print(f"{args.dtype}, kv {args.kv_cache_dtype}, {args.threads} threads")
+    print(f"{args.dtype}, kv {args.kv_cache_dtype}, {args.threads} threads, LoRA: {args.lora or 'none'}")
     for name in args.steps:
         chunks = steps[name]
         times = cpu_seconds(partial(runner.execute, chunks), args.repeats)
