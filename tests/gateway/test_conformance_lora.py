@@ -99,6 +99,16 @@ def test_chat_and_completions_with_an_adapter_reach_only_its_replica(deployment:
         )
     )
     assert streamed[-1].usage.completion_tokens == 4 and streamed[0].model == "sql-lora"
+    response = client.responses.with_raw_response.create(model="sql-lora", input="SELECT", max_output_tokens=3)
+    assert response.headers["x-kvgate-backend"] == "e0" and response.parse().model == "sql-lora"
+
+
+def test_embeddings_under_an_adapter_come_from_the_adapted_model(deployment: Deployment) -> None:
+    client = deployment.client
+    adapted = client.embeddings.with_raw_response.create(model="sql-lora", input="a red fox")
+    assert adapted.headers["x-kvgate-backend"] == "e0" and adapted.parse().model == "sql-lora"
+    base: Any = http("POST", f"{deployment.engines[0].url}/v1/embeddings", {"model": MODEL, "input": "a red fox"})
+    assert adapted.parse().data[0].embedding != base.json()["data"][0]["embedding"]
 
 
 def test_an_adapter_prompt_is_predicted_exactly_and_never_hits_base_blocks(deployment: Deployment) -> None:
