@@ -24,7 +24,10 @@ FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
     "down": ("down_proj",),
 }
 """Each fused projection of a decoder layer and the HF modules it stacks, in output order."""
-_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+_PARENT = {module: "self_attn" for module in ("q_proj", "k_proj", "v_proj", "o_proj")} | {
+    module: "mlp" for module in ("gate_proj", "up_proj", "down_proj")
+}
+"""The HF submodule (``model.layers.N.<parent>``) that holds each adaptable projection."""
 _KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 
 
@@ -110,7 +113,7 @@ def _read_pairs(folder: Path, num_layers: int, where: str) -> dict[tuple[int, st
             if match is None:
                 raise LoRAError(f"{where}: weight {key!r} is not a LoRA weight of a supported module")
             layer, parent, module, half = int(match[1]), match[2], match[3], match[4]
-            if _PARENT.get(module, "mlp") != parent or not any(module in m for m in FUSED_PROJECTIONS.values()):
+            if _PARENT.get(module) != parent:
                 raise LoRAError(f"{where}: unknown target module {parent}.{module} in {key!r}")
             if layer >= num_layers:
                 raise LoRAError(f"{where}: {key!r} is for layer {layer}; the model has {num_layers}")
