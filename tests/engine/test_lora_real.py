@@ -88,11 +88,13 @@ def adapters(adapter_folders: dict[str, Path]) -> dict[str, LoRARef]:
 
 @pytest.fixture(scope="module")
 def engine(adapter_folders: dict[str, Path]) -> LLMEngine:
+    """A 16-token step budget: the mixed batch's prompts are prefilled in chunks while earlier
+    ones decode, so one step holds decode and prefill rows of several adapters."""
     modules = tuple(LoRAModule(name, path) for name, path in adapter_folders.items())
     configs = tuple(check_modules(modules, MODEL, max_rank=16))
     num_blocks = 64
     runner = TorchModelRunner(MODEL, block_size=BLOCK_SIZE, num_blocks=num_blocks, adapters=configs)
-    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE, MODEL), max_num_seqs=8, max_num_batched_tokens=64)
+    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE, MODEL), max_num_seqs=8, max_num_batched_tokens=16)
     tokenizer = ChatTokenizer.load(MODEL).tokenizer
     return LLMEngine(runner, scheduler, tokenizer, EngineMetrics(MODEL, BLOCK_SIZE, num_blocks), check_invariants=True)
 
