@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test lint bench browser redis clean
+.PHONY: install run test lint bench bench-tools browser redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +47,17 @@ redis:
 		|| echo "redis-server could not be installed: the shared-limit tests will skip"; \
 	fi
 
-bench: install
+# `kvgate bench throughput` drives the gateways with wrk in front of nginx as a compiled zero-latency
+# backend; install both where apt-get can (without nginx it falls back to the Python backend).
+bench-tools:
+	@for tool in wrk:wrk nginx:nginx-light; do \
+		if ! command -v $${tool%%:*} >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $${tool#*:} >/dev/null) \
+			|| echo "$${tool#*:} could not be installed: kvgate bench throughput will say what it lacks"; \
+		fi; \
+	done
+
+bench: install bench-tools
 	$(VENV)/bin/kvgate bench --help
 
 clean:
