@@ -5,6 +5,11 @@ binds the listen port with SO_REUSEPORT, so the kernel spreads connections over 
 binds nothing and serves nothing: it restarts a worker that dies, forwards SIGHUP (reload) to
 every worker, and on SIGTERM/SIGINT stops them all. Workers get SIGTERM if the parent dies
 (Linux parent-death signal), so no worker outlives it.
+
+Each worker runs in a session of its own. Where the kernel groups tasks by session for CPU
+fairness (``sched_autogroup``, on by default on most desktops and shells), workers sharing the
+parent's session would share one task's CPU share between them: on a busy host two workers then
+served no more than one, at ~1.5x the CPU per request (bench/RESULTS.md, issue 12).
 """
 
 import asyncio
@@ -73,7 +78,9 @@ async def _keep_alive(slot: WorkerSlot, command: list[str], stopping: asyncio.Ev
     env = {**os.environ, **slot.identity.env()}
     index = slot.identity.index
     while not stopping.is_set():
-        slot.process = await asyncio.create_subprocess_exec(*command, env=env, preexec_fn=die_with_parent)
+        slot.process = await asyncio.create_subprocess_exec(
+            *command, env=env, preexec_fn=die_with_parent, start_new_session=True
+        )
         slot.started_at = time.monotonic()
         log.info("worker %d started (pid %d)", index, slot.process.pid)
         exited = asyncio.create_task(slot.process.wait())
