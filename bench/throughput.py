@@ -1,20 +1,20 @@
 """Gateway throughput: kvgate with 1 and 2 workers, and sglang-router, in front of a zero-latency
 backend, driven by wrk (a compiled load generator, so it is not the bottleneck).
 
-``kvgate bench throughput [--peers]`` (or ``python -m bench.throughput``). wrk is closed-loop: for
-each target it runs a warm-up step (every worker tokenizes the system prompts once), then steps
-of ``--step-s`` seconds at 2, 4, ... 64 open keep-alive connections. Requests are the overhead
-benchmark's 2,048-token chats (16 system prompts, fresh questions), POSTed by a Lua script.
+``kvgate bench throughput [--peers]`` (or ``python -m bench.throughput``). All targets start
+first (the backend alone, each gateway); their idle CPU is read over a few seconds; after a
+warm-up step each (every worker tokenizes the system prompts once), wrk runs closed-loop steps
+of ``--step-s`` seconds at 2, 4, ... 64 keep-alive connections, every target in turn at each
+count, so that targets are compared on steps run close together on a noisy shared host.
+Requests are the overhead benchmark's 2,048-token chats (16 system prompts, fresh questions),
+POSTed by a Lua script that also counts which worker answered each.
 
-The backend is nginx answering a fixed completion (``bench/nginx_backend.py``; a few us of CPU
-a request) when nginx is installed, else the Python zero backend (~100 us a request, on the
-same cores as the gateway: it caps what two workers can show on a 2-core host).
-
-Besides the rates, every step measures the CPU each process tree spent (``/proc`` schedstat):
-the gateway (each worker apart), the backend and wrk, per request. On a shared host the rates
-move with the neighbours' load; the CPU per request hardly does, and it gives the ceiling an
-idle host would allow: ``min(workers / G, cores / (G + B + W))`` for a gateway costing G per
-request in front of a backend costing B, driven by wrk costing W.
+The backend is nginx answering a fixed completion (``bench/nginx_backend.py``; ~10 us of CPU a
+request) when nginx is installed, else the Python zero backend (~100 us a request on the same
+cores as the gateway, which caps what two workers can show on a 2-core host); the output says
+which. Every step also reads the CPU each process tree spent (``/proc`` schedstat): the
+gateway (each worker apart), the backend and wrk; ``bench/throughput_report.py`` turns these
+into the ceiling an idle host would allow.
 """
 
 import argparse
@@ -25,8 +25,8 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -47,51 +47,24 @@ from bench.processes import (
     module_command,
     wait_ready,
 )
-from bench.wrk import Step, lua_script, run_wrk
+from bench.throughput_report import Measured, Result, report, step_line
+from bench.wrk import lua_script, run_wrk
 from gateway.workers.identity import WORKER_ENV
 from normalize.chat_tokenizer import ChatTokenizer
 
 CONNECTIONS = (2, 4, 8, 16, 32, 64)
 IDLE_S = 3.0
-"""How long each gateway is watched idle, before any request, for its background CPU."""
+"""How long the gateways are watched idle, before any request, for their background CPU."""
 
 
 @dataclass
-class Measured:
-    """One step and the CPU each side spent in it (seconds)."""
-
-    step: Step
-    gateway_s: float
-    worker_s: dict[str, float]
-    backend_s: float
-    worker_connections: dict[str, int] = field(default_factory=dict)
-    """Client connections each worker held (``ss``, a fifth into the step)."""
-
-
-@dataclass
-class Result:
+class Target:
     name: str
-    workers: int
-    load_before: float
-    idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
-    """Each gateway worker's background CPU while idle (seconds of CPU per second)."""
-    steps: list[Measured] = field(default_factory=list)
-    load_after: float = 0.0
-
-    def per_request_us(self, side: str) -> float:
-        requests = sum(measured.step.requests for measured in self.steps)
-        if side == "wrk":
-            spent = sum(measured.step.wrk_cpu_s for measured in self.steps)
-        else:
-            spent = sum(getattr(measured, f"{side}_s") for measured in self.steps)
-        return spent / requests * 1e6 if requests else 0.0
-
-    def ceiling(self, cores: int) -> float:
-        """req/s an idle host of ``cores`` would allow, from the CPU each side spent per request."""
-        gateway, rest = self.per_request_us("gateway"), self.per_request_us("backend") + self.per_request_us("wrk")
-        limits = [cores / (gateway + rest) * 1e6] if gateway + rest else []
-        limits += [self.workers / gateway * 1e6] if gateway and self.workers else []
-        return min(limits) if limits else 0.0
+    url: str
+    process: Process | None
+    """The gateway (None: the backend itself)."""
+    pids: dict[str, list[int]]
+    result: Result
 
 
 def gateway_pids(process: Process) -> dict[str, list[int]]:
@@ -122,7 +95,8 @@ def measure_step(
         url, script, connections, args.step_s, args.wrk_threads, count_connections if len(gateway) > 1 else None
     )
     worker_s = {index: (cpu_ns(pids) - workers_before[index]) / 1e9 for index, pids in gateway.items()}
-    return Measured(step, sum(worker_s.values()), worker_s, (cpu_ns(backend) - backend_before) / 1e9, held)
+    backend_s = (cpu_ns(backend) - backend_before) / 1e9
+    return Measured(step, sum(worker_s.values()), worker_s, backend_s, held, os.getloadavg()[0])
 
 
 def connections_by_pid(port: int) -> dict[int, int]:
@@ -142,42 +116,17 @@ def idle_cpu(gateway: dict[str, list[int]]) -> dict[str, float]:
     return {index: (cpu_ns(pids) - before[index]) / 1e9 / IDLE_S for index, pids in gateway.items()}
 
 
-def sweep(
-    result: Result, url: str, script: Path, args: argparse.Namespace, gateway: Process | None, backend: list[int]
-) -> None:
-    pids = gateway_pids(gateway) if gateway is not None else {}
-    if pids:
-        result.idle_cpu_per_s = idle_cpu(pids)
-    run_wrk(url, script, 8, args.step_s, args.wrk_threads)
-    for connections in args.connections:
-        measured = measure_step(url, script, connections, args, pids, backend)
-        result.steps.append(measured)
-        print(step_line(result.name, measured, args.p99_bound_ms), flush=True)
-
-
-def step_line(name: str, measured: Measured, bound_ms: float) -> str:
-    step = measured.step
-    good = step.errors == 0 and step.p99_ms < bound_ms
-    requests = max(step.requests, 1)
-    line = (
-        f"   {name:24s} c={step.connections:3d}: {step.requests_per_s:7.0f} req/s  p50 {step.p50_ms:6.2f}"
-        f"  p99 {step.p99_ms:7.2f} ms  err {step.errors}{'' if good else ' (over bound)'}  CPU us/req:"
-        f" gateway {measured.gateway_s / requests * 1e6:4.0f} backend {measured.backend_s / requests * 1e6:3.0f}"
-        f" wrk {step.wrk_cpu_s / requests * 1e6:3.0f}"
-    )
-    served = {worker: count for worker, count in step.served_by.items() if worker != "-"}
-    if served:
-        shares = " ".join(
-            f"w{worker} {count / requests:.0%} ({measured.worker_s.get(worker, 0) / max(count, 1) * 1e6:.0f} us,"
-            f" {measured.worker_connections.get(worker, '?')} conn)"
-            for worker, count in sorted(served.items())
-        )
-        line += f"  served {shares}"
-    spent = measured.gateway_s + measured.backend_s + step.wrk_cpu_s
-    return (
-        line
-        + f"  host share {spent / max(step.duration_s, 1e-9) / (os.cpu_count() or 1):.0%}  load {os.getloadavg()[0]:.1f}"
-    )
+def run_steps(targets: list[Target], script: Path, args: argparse.Namespace, backend: list[int]) -> None:
+    """A warm-up step per target, then for each connection count a step of every target in turn
+    (the order rotated), so targets compared are measured close together in time."""
+    for target in targets:
+        run_wrk(target.url, script, 8, args.step_s, args.wrk_threads)
+    for round_, connections in enumerate(args.connections):
+        shift = round_ % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            measured = measure_step(target.url, script, connections, args, target.pids, backend)
+            target.result.steps.append(measured)
+            print(step_line(target.name, measured, args.p99_bound_ms), flush=True)
 
 
 @contextmanager
@@ -251,49 +200,6 @@ def start_frontend(name: str, backend_url: str, workdir: Path) -> Process | None
     return None
 
 
-def report(results: list[Result], bound_ms: float, cores: int) -> None:
-    print(
-        f"\n| target | best req/s, p99 < {bound_ms:g} ms (c) | max req/s (c) | gateway us/req | backend us/req"
-        f" | wrk us/req | idle-host ceiling req/s | idle CPU ms/s | load before -> after |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for result in results:
-        good = [m.step for m in result.steps if m.step.errors == 0 and m.step.p99_ms < bound_ms]
-        best = max(good, key=lambda step: step.requests_per_s, default=None)
-        top = max((m.step for m in result.steps), key=lambda step: step.requests_per_s, default=None)
-        idle = ", ".join(
-            f"{'w' + index if index != '-' else 'main'} {share * 1e3:.1f}"
-            for index, share in sorted(result.idle_cpu_per_s.items())
-        )
-        print(
-            f"| {result.name} | {_rate(best)} | {_rate(top)} | {result.per_request_us('gateway'):.0f}"
-            f" | {result.per_request_us('backend'):.0f} | {result.per_request_us('wrk'):.0f}"
-            f" | {result.ceiling(cores):.0f} | {idle or '-'} | {result.load_before:.1f} -> {result.load_after:.1f} |"
-        )
-    by_workers = {result.workers: result for result in results if result.name.startswith("kvgate")}
-    if 1 in by_workers and 2 in by_workers:
-        one, two = by_workers[1], by_workers[2]
-        print(
-            f"\n2 workers / 1 worker: measured {_best(two, bound_ms) / max(_best(one, bound_ms), 1):.2f}x within the bound,"
-            f" {_top(two) / max(_top(one), 1):.2f}x at the highest step;"
-            f" implied by the CPU per request on an idle {cores}-core host:"
-            f" {two.ceiling(cores) / max(one.ceiling(cores), 1):.2f}x"
-        )
-
-
-def _rate(step: Step | None) -> str:
-    return f"{step.requests_per_s:.0f} ({step.connections})" if step else "none"
-
-
-def _best(result: Result, bound_ms: float) -> float:
-    rates = [m.step.requests_per_s for m in result.steps if m.step.errors == 0 and m.step.p99_ms < bound_ms]
-    return max(rates, default=0.0)
-
-
-def _top(result: Result) -> float:
-    return max((m.step.requests_per_s for m in result.steps), default=0.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvgate bench throughput", description=__doc__)
     parser.add_argument("--step-s", type=float, default=4.0, help="seconds per wrk step (default: %(default)s)")
@@ -325,19 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     names += [f"sglang-router {SGLANG_POLICIES[0]}"] if args.peers else []
     backend_line, backend = zero_backend(args.out, args)
     print(f"backend: {backend_line}; {cores} cores; load average {os.getloadavg()}", flush=True)
-    results: list[Result] = []
-    with backend as (backend_url, backend_pid):
-        backend_pids = descendants(backend_pid)
+    with backend as (backend_url, backend_pid), ExitStack() as stack:
+        targets = []
         for name in names:
-            result = Result(name, _workers_of(name), os.getloadavg()[0])
             frontend = start_frontend(name, backend_url, args.out)
-            try:
-                sweep(result, frontend.url if frontend else backend_url, script, args, frontend, backend_pids)
-            finally:
-                if frontend is not None:
-                    frontend.stop()
-            result.load_after = os.getloadavg()[0]
-            results.append(result)
+            if frontend is not None:
+                stack.callback(frontend.stop)
+            pids = gateway_pids(frontend) if frontend is not None else {}
+            targets.append(
+                Target(name, frontend.url if frontend else backend_url, frontend, pids, Result(name, _workers_of(name)))
+            )
+        print(f"all targets up; load average {os.getloadavg()}", flush=True)
+        idle = idle_cpu({f"{index}@{target.name}": pids for target in targets for index, pids in target.pids.items()})
+        for target in targets:
+            target.result.idle_cpu_per_s = {index: idle[f"{index}@{target.name}"] for index in target.pids}
+        run_steps(targets, script, args, descendants(backend_pid))
+    results = [target.result for target in targets]
     report(results, args.p99_bound_ms, cores)
     print(f"backend: {backend_line}")
     print(f"load average after the run: {os.getloadavg()}")
