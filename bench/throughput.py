@@ -146,7 +146,7 @@ def zero_backend(workdir: Path, args: argparse.Namespace) -> tuple[str, Abstract
     if args.backend != "python" and nginx_binary() is not None:
         return "nginx (compiled zero backend, 1 worker process)", nginx_backend(workdir)
     if args.backend == "nginx":
-        raise SystemExit("nginx not found (Debian: apt-get install -y nginx-light, or `make bench`)")
+        raise SystemExit("nginx not found (Debian: apt-get install -y nginx-light, or `make bench-tools`)")
     reason = (
         ""
         if args.backend == "python"
