@@ -3,9 +3,10 @@ different environments) in front of one zero-latency backend, measured in interl
 
 ``python -m bench.overhead_ab base=/path/to/old/tree new=.:KVGATE_EVENT_LOOP=asyncio ...``
 
-Each round sends the same sequential chats (the overhead benchmark's 2,048-token prompts) to
-the backend directly and to every gateway, in a shuffled order, so a noisy neighbour hurts all
-of them alike. Reported per gateway: the median over rounds of the added p50 and p99 latency,
+Each round sends the same sequential chats (the overhead benchmark's 2,048-token prompts: 16
+system prompts, a question never sent before) to the backend directly and to every gateway, in
+a shuffled order, so a noisy neighbour hurts all of them alike. Every round has its own
+questions, so a gateway's caches hold the system prompts but never the question. Reported per gateway: the median over rounds of the added p50 and p99 latency,
 and its CPU time per request (user + system, from /proc): the figure least moved by the noise
 of a shared machine.
 """
@@ -27,6 +28,9 @@ from bench.overhead import chat_bodies, sequential_latencies, start_sglang
 from bench.processes import REPO, Process, free_port, http_ok, launch, module_command, wait_ready
 from normalize.chat_tokenizer import ChatTokenizer
 
+WARM_UP = 40
+"""Requests each contender gets before the rounds (connections open, system prompts cached)."""
+
 
 @dataclass
 class Contender:
@@ -38,10 +42,16 @@ class Contender:
 
 
 def process_cpu_s(pid: int | None) -> float:
+    """CPU time of the process's live threads, in ns resolution (``/proc/PID/stat`` counts 10 ms ticks)."""
     if pid is None:
         return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total_ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total_ns / 1e9
 
 
 def start_gateway(spec: str, backend_url: str, workdir: Path) -> Process:
@@ -75,9 +85,9 @@ def start_gateway(spec: str, backend_url: str, workdir: Path) -> Process:
 
 async def measure(contenders: list[Contender], bodies: list[bytes], rounds: int, per_round: int) -> None:
     for contender in contenders:
-        await sequential_latencies(contender.url, bodies[:40])
+        await sequential_latencies(contender.url, bodies[:WARM_UP])
     for index in range(rounds):
-        chunk = bodies[40 + (index * per_round) % (len(bodies) - 40 - per_round) :][:per_round]
+        chunk = bodies[WARM_UP + index * per_round :][:per_round]
         for contender in random.Random(index).sample(contenders, len(contenders)):
             before = process_cpu_s(contender.pid)
             contender.latencies.append(await sequential_latencies(contender.url, chunk))
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "overhead_ab")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    bodies = chat_bodies(ChatTokenizer.load(MODEL), 40 + 2 * args.per_round, 2048)
+    bodies = chat_bodies(ChatTokenizer.load(MODEL), WARM_UP + args.rounds * args.per_round, 2048)
     port = free_port()
     backend = launch(module_command("bench.zero_backend", "--port", str(port)), port, args.out / "zero.log")
     gateways: list[Process] = []
