@@ -30,7 +30,7 @@ class RequestCaps:
     def prompt_limit(self, model: str, tenant_caps: TokenCaps) -> int | None:
         """The most prompt tokens a request could be admitted with: ``max_prompt_tokens``, and one
         less than the context; None when neither is known."""
-        caps = tenant_caps.over(self.limits.caps_for(model))
+        caps = self._caps(model, tenant_caps)
         context = caps.context_length or self.reported_context(model)
         bounds = [bound for bound in (caps.max_prompt_tokens, None if context is None else context - 1) if bound]
         return min(bounds) if bounds else None
