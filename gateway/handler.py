@@ -31,7 +31,6 @@ from gateway.served_model import ModelTarget
 from gateway.state import GATEWAY, Gateway
 from protocol.trace_context import continue_trace
 from protocol.tracing import remote_parent, span, tracing_enabled
-from radix.hashing import block_hashes
 
 OFFLOAD_BODY_BYTES = 1 << 20
 """Bodies larger than this have their containers counted on a worker thread (numpy releases the GIL)."""
@@ -96,16 +95,18 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
             with span("gateway.tokenize"):
                 async with gateway.tokenize_slots.hold(tenant.name):
                     prompts = await model.token_ids(normalized.body, parsed, cache_salt, check_bound)
-            prompt_tokens = sum(len(prompt) for prompt in prompts)
+            prompt_tokens = sum(len(prompt.ids) for prompt in prompts)
             if parsed.generates:
                 grant = gateway.limits.check(
                     model.name, tenant.caps, prompt_tokens, parsed.max_tokens, gateway.default_max_tokens(endpoint)
                 )
                 body = forwarded_body(normalized.body, grant, cache_salt, _LIMIT_KEYS.get(endpoint, "max_tokens"))
-                hashes = block_hashes(prompts[0], gateway.config.block_size, model.name, cache_salt, target.adapter)
+                hashes = model.hash_memo.block_hashes(
+                    prompts[0], gateway.config.block_size, model.name, cache_salt, target.adapter
+                )
                 output_tokens = grant.max_tokens * parsed.n * len(prompts)
             else:
-                longest = max(len(prompt) for prompt in prompts)
+                longest = max(len(prompt.ids) for prompt in prompts)
                 gateway.limits.check_prompt(model.name, tenant.caps, prompt_tokens, longest)
                 body, hashes, output_tokens = normalized.body, [], 0
             route_request = RouteRequest(
@@ -116,7 +117,7 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
                 max_tokens=output_tokens,
                 session_key=header_text(request, "x-session-id") or parsed.user,
                 cache_salt=cache_salt,
-                token_ids=prompts[0],
+                token_ids=prompts[0].ids,
                 adapter=target.adapter,
             )
             forwarding = Forwarding(

@@ -8,16 +8,17 @@ backend declares (`adapters:`) or lists in its /v1/models; the registry resolves
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.block_hash_memo import BlockHashMemo
 from gateway.config import KvgateConfig
 from gateway.errors import bad_request, model_not_found
 from gateway.openai_request import Endpoint, ParsedRequest
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
-from normalize.segment_tokenizer import SegmentTokenizer
+from normalize.segment_tokenizer import EncodedPrompt, SegmentTokenizer
 from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
 from protocol.openai import ResponsesRequest, responses_messages, validate
 
@@ -38,7 +39,7 @@ class PromptTokenizer(Protocol):
         """A lower bound on the tokens of the rendered chat, before rendering it."""
         ...
 
-    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> EncodedPrompt:
         """Token ids of a prompt or rendered chat; ``salt`` keys any cache per isolation domain."""
         ...
 
@@ -59,8 +60,8 @@ class ApproximateTokenizer:
         chars = sum(len(message["content"]) for message in messages if isinstance(message.get("content"), str))
         return math.ceil(chars / CHUNK_CHARS)
 
-    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
-        return approximate_token_ids(prompt)
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> EncodedPrompt:
+        return EncodedPrompt(approximate_token_ids(prompt))
 
 
 @dataclass
@@ -68,10 +69,11 @@ class ServedModel:
     name: str
     normalizer: Normalizer
     tokenizer: PromptTokenizer
+    hash_memo: BlockHashMemo = field(default_factory=BlockHashMemo)
 
     async def token_ids(
         self, body: dict[str, Any], request: ParsedRequest, salt: str | None, check_bound: Callable[[int], None]
-    ) -> list[list[int]]:
+    ) -> list[EncodedPrompt]:
         """The prompt's token ids exactly as the backend will see them: one list per prompt or input.
 
         ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
@@ -86,16 +88,16 @@ class ServedModel:
             messages = responses_messages(_as_forwarded(request.parsed, request.body, body))
             return [await self._chat_ids(messages, None, salt, check_bound, "input")]
         cumulative = request.endpoint is Endpoint.COMPLETIONS
-        prompts: list[list[int]] = []
+        prompts: list[EncodedPrompt] = []
         counted = 0
         for item in _one_or_many(body["prompt" if cumulative else "input"]):
             if isinstance(item, list):
                 check_bound(counted + len(item))
-                prompts.append(item)
+                prompts.append(EncodedPrompt(item))
             else:
                 check_bound(counted + self.tokenizer.min_tokens(str(item)))
                 prompts.append(await self.tokenizer.encode_prompt_async(str(item), salt))
-            counted += len(prompts[-1]) if cumulative else 0
+            counted += len(prompts[-1].ids) if cumulative else 0
         return prompts
 
     async def _chat_ids(
@@ -105,7 +107,7 @@ class ServedModel:
         salt: str | None,
         check_bound: Callable[[int], None],
         param: str,
-    ) -> list[int]:
+    ) -> EncodedPrompt:
         check_bound(self.tokenizer.min_chat_tokens(messages))
         try:
             text = self.tokenizer.render_chat(messages, tools)

@@ -8,6 +8,11 @@ provided the tokenizer treats each piece independently (the tests prove it for t
 over random conversations). Tokenizers where that fails (a pre-tokenizer that treats the first
 piece specially, say) are caught by a self-test at load time and tokenized whole.
 
+Each prompt comes with its known prefixes: the prefixes made only of segments the cache already
+held, each with a key that names exactly its tokens (the segments' cache keys and the special
+tokens between them, chained). Work done over those tokens before (their block hashes, see
+gateway/block_hash_memo.py) can be looked up by that key instead of being done again.
+
 The cache is keyed per isolation domain (the request's cache salt) as well as by text: a
 tenant with its own salt can neither hit nor time another tenant's segments, since a hit is
 faster than a miss. ``min_tokens`` bounds a text's token count from below without tokenizing
@@ -19,6 +24,7 @@ import math
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -41,6 +47,19 @@ _PROBE_TEXTS = (
     "<|im_start|>literal special tokens<|im_end|> inside",
     "12345 67890 3.14159 $% ^&*()",
 )
+
+
+KnownPrefix = tuple[int, int]
+"""``(tokens, key)``: a prompt's first ``tokens`` ids, and a 128-bit key that only those ids have."""
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A prompt's token ids and its known prefixes."""
+
+    ids: list[int]
+    known_prefixes: list[KnownPrefix] = field(default_factory=list)
+    """Prefixes made only of segments seen before, shortest first (none when the first segment is new)."""
 
 
 def _probe_conversations() -> list[list[dict[str, str]]]:
@@ -193,8 +212,15 @@ class SegmentTokenizer:
         """Token ids of a completions text prompt or a rendered chat (no special tokens added)."""
         return self._encode(prompt, salt)
 
-    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> list[int]:
-        return await self._encode_async(prompt, salt)
+    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> EncodedPrompt:
+        """``encode_prompt`` with its known prefixes, long uncached text tokenized off the event loop."""
+        pieces = self._split(prompt)
+        keys = self._text_keys(pieces, salt)
+        found, missing = self._lookup(pieces, keys)
+        known = self._known_prefixes(pieces, keys, found, missing)
+        if missing:
+            found.update(await self._encode_missing_async(missing))
+        return EncodedPrompt(self._splice(pieces, keys, found), known)
 
     def stats(self) -> dict[str, int | bool]:
         return {
@@ -217,12 +243,7 @@ class SegmentTokenizer:
         return self._splice(pieces, keys, found)
 
     async def _encode_async(self, text: str, salt: str | None) -> list[int]:
-        pieces = self._split(text)
-        keys = self._text_keys(pieces, salt)
-        found, missing = self._lookup(pieces, keys)
-        if missing:
-            found.update(await self._encode_missing_async(missing))
-        return self._splice(pieces, keys, found)
+        return (await self.encode_prompt_async(text, salt)).ids
 
     async def _encode_missing_async(self, missing: dict[int, str]) -> dict[int, list[int]]:
         """Long work goes to the worker thread; a segment already being tokenized there for
@@ -277,6 +298,34 @@ class SegmentTokenizer:
                 found[key] = ids
                 self.hits += 1
         return found, missing
+
+    def _known_prefixes(
+        self, pieces: list[str], keys: list[int], found: dict[int, list[int]], missing: dict[int, str]
+    ) -> list[KnownPrefix]:
+        """The prefixes ending after each cached text piece, up to the first piece not cached.
+
+        A prefix's key chains its text pieces' keys and the ids of the special tokens between them,
+        which together fix its tokens.
+        """
+        known: list[KnownPrefix] = []
+        key = 0
+        tokens = 0
+        specials = bytearray()
+        for index, piece in enumerate(pieces):
+            if index % 2:
+                specials += self._special_ids[piece].to_bytes(4, "little")
+                tokens += 1
+            elif piece:
+                piece_key = keys[index // 2]
+                if piece_key in missing:
+                    break
+                key = xxhash.xxh3_128_intdigest(
+                    key.to_bytes(16, "little") + specials + piece_key.to_bytes(16, "little")
+                )
+                specials.clear()
+                tokens += len(found[piece_key])
+                known.append((tokens, key))
+        return known
 
     def _store(self, missing: dict[int, str], encoded: list[list[int]]) -> dict[int, list[int]]:
         stored = dict(zip(missing, encoded, strict=True))
