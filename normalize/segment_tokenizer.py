@@ -29,6 +29,7 @@ from typing import Any
 
 import xxhash
 
+from normalize.byte_level_words import ByteLevelWords
 from normalize.byte_lru import ByteLRU
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 
@@ -92,10 +93,14 @@ class SegmentTokenizer:
         self.hits = 0
         self.misses = 0
         self._special_ids = self._splittable_special_tokens()
+        self._words: ByteLevelWords | None = None
         splitter = self._special_token_splitter()
         self.segmented = splitter is not None and self._segments_match_whole(splitter)
         """Whether prompts are cut at special tokens; False: each prompt is one segment."""
         self._splitter = splitter if self.segmented else None
+        all_split = self.segmented and len(self._special_ids) == len(self.chat.tokenizer.get_added_tokens_decoder())
+        self._words = ByteLevelWords.for_tokenizer(self.chat.tokenizer, added_tokens_split=all_split)
+        """Short uncached ASCII text is tokenized word by word with cached words (None: not this tokenizer)."""
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
         self.verbatim_roles = self._verbatim_roles()
@@ -334,7 +339,11 @@ class SegmentTokenizer:
         return stored
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        return [self.chat.encode_text(text) for text in texts]
+        return [self._encode_text(text) for text in texts]
+
+    def _encode_text(self, text: str) -> list[int]:
+        ids = None if self._words is None else self._words.encode(text)
+        return self.chat.encode_text(text) if ids is None else ids
 
     def _encode_off_loop(self, texts: list[str]) -> list[list[int]]:
         """Runs on the worker thread: ``encode_batch`` releases the GIL while it works, where

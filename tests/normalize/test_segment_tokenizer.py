@@ -182,7 +182,7 @@ async def test_long_uncached_text_is_tokenized_off_the_loop(
 
     ids, ticks = await ticks_while(tokenizer.encode_chat_async(short))
     assert ids == chat_tokenizer.encode_chat(short) and ticks == 0
-    assert recording.calls == [("encode", "MainThread")]
+    assert all(thread == "MainThread" for _, thread in recording.calls)
 
     recording.calls.clear()
     ids, ticks = await ticks_while(tokenizer.encode_chat_async(long))

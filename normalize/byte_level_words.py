@@ -1,0 +1,100 @@
+"""Byte-level BPE tokenization of ASCII text word by word, with each word's ids cached.
+
+A byte-level BPE tokenizer (GPT-2's scheme: SmolLM2, Llama 3, Qwen, ...) cuts its input into
+words with one regular expression and runs BPE on each word alone, so a text's ids are its
+words' ids in order. The HF tokenizer spends most of its time on a short text in that cut (its
+regex engine and the byte mapping, ~1.5 us a word here), not in BPE. For ASCII text the cut is
+a plain ``re`` pattern (the Unicode classes of GPT-2's pattern are ``[A-Za-z]``, ``[0-9]`` and
+the six ASCII whitespace characters there), and the words of ordinary text repeat, so their ids
+come from a dict; a word not seen yet goes through the tokenizer's own BPE model.
+
+Only a tokenizer whose whole pipeline is exactly that (no normalizer, a ``ByteLevel``
+pre-tokenizer with GPT-2's regex and no prefix space, a BPE model without dropout, every added
+token split off before this runs) qualifies, and only after a self-test at load time that
+compares it with the tokenizer on every ASCII character in several contexts.
+"""
+
+import json
+import re
+from itertools import chain
+
+from tokenizers import Tokenizer
+
+_WHITESPACE = "\\t\\n\\x0b\\x0c\\r "
+"""What GPT-2's ``\\s`` matches in ASCII (the tokenizer's regex engine; not \\x1c-\\x1f as Python's does)."""
+
+ASCII_WORDS = re.compile(
+    "'s|'t|'re|'ve|'m|'ll|'d"
+    "| ?[A-Za-z]+| ?[0-9]+"
+    f"| ?[^{_WHITESPACE}A-Za-z0-9]+"
+    f"|[{_WHITESPACE}]+(?![^{_WHITESPACE}])|[{_WHITESPACE}]+"
+)
+"""GPT-2's pre-tokenizer pattern with its Unicode classes spelled out for ASCII."""
+
+MAX_CACHED_WORD_CHARS = 64
+"""Longer words (runs of punctuation or spaces, say) are tokenized each time, not cached."""
+MAX_CACHED_WORDS = 200_000
+"""The cache is emptied when it holds this many words (~40 MB); common words return at once."""
+
+_SELF_TEST_CONTEXTS = ("{c}", "a{c}b", "a{c}{c}b", " {c} ", "1{c}{c}{c}", "{c}  x", "'{c}s", "{c}\n\n", "x.{c}'ll")
+
+
+def _pipeline_qualifies(tokenizer: Tokenizer) -> bool:
+    config = json.loads(tokenizer.to_str())
+    pre = config.get("pre_tokenizer") or {}
+    model = config.get("model") or {}
+    return (
+        config.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex") is True
+        and pre.get("add_prefix_space") is False
+        and model.get("type") == "BPE"
+        and model.get("dropout") is None
+        and not model.get("continuing_subword_prefix")
+        and not model.get("end_of_word_suffix")
+    )
+
+
+class ByteLevelWords:
+    """Not thread-safe: call it from one thread (the event loop)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._model = tokenizer.model
+        self._byte_chars = str.maketrans(
+            {code: tokenizer.pre_tokenizer.pre_tokenize_str(chr(code))[0][0] for code in range(128)}
+        )
+        """ASCII character -> the character the byte-level alphabet spells it with."""
+        self._ids: dict[str, list[int]] = {}
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer, added_tokens_split: bool) -> "ByteLevelWords | None":
+        """The word tokenizer when ``tokenizer``'s pipeline qualifies and agrees with it on the
+        self-test, else None. ``added_tokens_split``: the caller cuts every added token out of
+        the text first (the tokenizer matches them before its pre-tokenizer runs)."""
+        if not added_tokens_split or not _pipeline_qualifies(tokenizer):
+            return None
+        words = cls(tokenizer)
+        probes = [context.format(c=chr(code)) for code in range(128) for context in _SELF_TEST_CONTEXTS]
+        probes.append("".join(map(chr, range(128))))
+        for probe in probes:
+            if words.encode(probe) != tokenizer.encode(probe, add_special_tokens=False).ids:
+                return None
+        words._ids.clear()
+        return words
+
+    def encode(self, text: str) -> list[int] | None:
+        """The token ids of ``text``; None when it is not ASCII (the caller tokenizes it whole)."""
+        if not text.isascii():
+            return None
+        ids_of = self._ids
+        return list(
+            chain.from_iterable([ids_of.get(word) or self._word_ids(word) for word in ASCII_WORDS.findall(text)])
+        )
+
+    def _word_ids(self, word: str) -> list[int]:
+        ids = [token.id for token in self._model.tokenize(word.translate(self._byte_chars))]
+        if len(word) <= MAX_CACHED_WORD_CHARS:
+            if len(self._ids) >= MAX_CACHED_WORDS:
+                self._ids.clear()
+            self._ids[word] = ids
+        return ids

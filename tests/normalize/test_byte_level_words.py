@@ -1,0 +1,62 @@
+"""Word-by-word tokenization of ASCII text gives the HF tokenizer's ids, and only where it can."""
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+
+from normalize.byte_level_words import ByteLevelWords
+from normalize.chat_tokenizer import ChatTokenizer
+
+FRAGMENTS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", " ", "   ", "\n", "\r\n", "\t"]
+FRAGMENTS += ["\x0b", "\x1c", "12", "ab"]
+ascii_texts = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(st.characters(max_codepoint=127), max_size=10)), max_size=12
+).map("".join)
+
+
+@pytest.fixture(scope="module")
+def words(chat_tokenizer: ChatTokenizer) -> ByteLevelWords:
+    found = ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=True)
+    assert found is not None, "the bundled SmolLM2 tokenizer is byte-level BPE"
+    return found
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=ascii_texts)
+def test_ascii_text_gets_the_tokenizers_ids(chat_tokenizer: ChatTokenizer, words: ByteLevelWords, text: str) -> None:
+    expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    assert words.encode(text) == expected
+    assert words.encode(text) == expected, "again, from cached words"
+
+
+def test_long_words_are_not_cached(chat_tokenizer: ChatTokenizer, words: ByteLevelWords) -> None:
+    text = "x" + "." * 500 + " " * 300 + "y"
+    assert words.encode(text) == chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    assert all(len(word) <= 64 for word in words._ids)
+
+
+def test_other_text_is_left_to_the_tokenizer(words: ByteLevelWords) -> None:
+    assert words.encode("café") is None
+    assert words.encode("plain") is not None
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda tokenizer: setattr(tokenizer, "normalizer", normalizers.Lowercase()),
+        lambda tokenizer: setattr(tokenizer, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)),
+        lambda tokenizer: setattr(tokenizer, "pre_tokenizer", pre_tokenizers.Metaspace()),
+    ],
+    ids=["normalizer", "prefix-space", "metaspace"],
+)
+def test_other_pipelines_do_not_qualify(
+    tokenizer_copy: Callable[..., ChatTokenizer], edit: Callable[[Tokenizer], None]
+) -> None:
+    assert ByteLevelWords.for_tokenizer(tokenizer_copy(edit=edit).tokenizer, added_tokens_split=True) is None
+
+
+def test_added_tokens_left_in_the_text_disqualify(chat_tokenizer: ChatTokenizer) -> None:
+    assert ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=False) is None
