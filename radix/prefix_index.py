@@ -23,7 +23,11 @@ store instead of a delete and a re-insert (a third of the dict operations of ``i
 the ones that missed the CPU cache most). Eviction walks the log from its oldest touch. Stale
 references are dropped as eviction passes them, and the log is compacted when it holds more
 than ``COMPACT_RATIO`` times as many references as the replica holds blocks, so memory stays
-bounded for a replica that never fills up. Eviction works in batches, down to ``capacity -
+bounded for a replica that never fills up. Compaction visits only the touches that hold stale
+references (``insert`` and ``remove`` note whose blocks they re-stamp or drop), not the whole
+log: each request leaves a touch holding its own tail, so the log holds thousands of small
+touches, and walking them all every hundred requests cost ~70 us a request on the overhead
+workload (bench/RESULTS.md, issue 12). Eviction works in batches, down to ``capacity -
 capacity // 64`` blocks (``eviction_target``).
 
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
@@ -59,6 +63,8 @@ BYTES_PER_NODE = 90
 BYTES_PER_ENTRY = 58
 """A slot in a replica's stamp dict (~42 B), its touch-log reference (8 B) and a share of a mask int."""
 COMPACT_RATIO = 2
+COMPACT_FLOOR = 1024
+"""References a replica's touch log may hold beyond ``COMPACT_RATIO`` times its blocks."""
 """A replica's touch log is compacted when it references more than this many times its blocks."""
 
 
@@ -88,6 +94,8 @@ class PrefixIndex:
         "_stamp",
         "_log",
         "_log_refs",
+        "_touch_of",
+        "_stale",
         "_capacity",
         "_on_host",
         "_host_only",
@@ -105,6 +113,10 @@ class PrefixIndex:
         self._log: list[deque[_Touch]] = []
         self._log_refs: list[int] = []
         """Block references in each replica's touch log, stale ones included."""
+        self._touch_of: list[dict[int, _Touch]] = []
+        """Each replica's touches by sequence number."""
+        self._stale: list[set[int]] = []
+        """Per replica, the sequence numbers of touches holding stale references (0: none)."""
         self._capacity: list[int | None] = []
         self._on_host: dict[BlockHash, int] = {}
         """Replicas holding the block in host memory (perhaps on device too)."""
@@ -128,6 +140,8 @@ class PrefixIndex:
             self._stamp.append({})
             self._log.append(deque())
             self._log_refs.append(0)
+            self._touch_of.append({})
+            self._stale.append(set())
             self._capacity.append(None)
         self._names[slot] = replica
         self._slot[replica] = slot
@@ -213,6 +227,8 @@ class PrefixIndex:
         capacity = self._capacity[slot]
         if capacity is not None and len(hashes) > capacity:
             hashes = hashes[:capacity]
+        if not hashes:
+            return
         bit = self._bits[slot]
         holders = self._holders
         leaf_first = hashes[::-1]
@@ -226,14 +242,17 @@ class PrefixIndex:
             self._mark_on_host(leaf_first, [block not in stamp for block in leaf_first], bit)
         elif self._host_only:
             self._mark_on_device(leaf_first, bit)
+        self._stale[slot].update(map(stamp.get, leaf_first, repeat(0)))
         self._seq += 1
         stamp.update(zip(leaf_first, repeat(self._seq)))
-        self._log[slot].append(_Touch(self._seq, now, leaf_first))
+        touch = _Touch(self._seq, now, leaf_first)
+        self._log[slot].append(touch)
+        self._touch_of[slot][touch.seq] = touch
         self._log_refs[slot] += len(leaf_first)
         self._evict_to_capacity(slot)
         if self.max_blocks is not None and len(holders) > self.max_blocks:
             self._evict_to_global_cap()
-        if self._log_refs[slot] > COMPACT_RATIO * len(self._stamp[slot]) + 1024:
+        if self._log_refs[slot] > COMPACT_RATIO * len(self._stamp[slot]) + COMPACT_FLOOR:
             self._compact(slot)
 
     def remove(self, replica: str, hashes: Sequence[BlockHash], on_host: bool | None = None) -> None:
@@ -258,7 +277,7 @@ class PrefixIndex:
                     continue
             elif on_host:
                 continue
-            del stamp[block_hash]
+            self._stale[slot].add(stamp.pop(block_hash))
             self._drop(block_hash, bit)
 
     def clear(self, replica: str) -> None:
@@ -270,6 +289,8 @@ class PrefixIndex:
         self._stamp[slot].clear()
         self._log[slot].clear()
         self._log_refs[slot] = 0
+        self._touch_of[slot].clear()
+        self._stale[slot].clear()
 
     def expire(self, replica: str, older_than: float) -> int:
         """Drop ``replica``'s blocks last used before ``older_than``; returns how many."""
@@ -308,6 +329,9 @@ class PrefixIndex:
             assert times == sorted(times), f"{replica}'s LRU order is not ordered by time"
             assert [touch.seq for touch in log] == sorted({touch.seq for touch in log}), "touch order"
             assert self._log_refs[slot] == sum(len(touch.chain) for touch in log)
+            assert self._touch_of[slot] == {touch.seq: touch for touch in log}, "touches by sequence number"
+            stale = [touch.seq for touch in log if touch.live(stamp) != touch.chain]
+            assert self._stale[slot].issuperset(stale), "a touch with stale references is not noted"
             for block_hash in stamp:
                 expected[block_hash] = expected.get(block_hash, 0) | self._bits[slot]
         for slot, name in enumerate(self._names):
@@ -370,18 +394,28 @@ class PrefixIndex:
             self._log_refs[slot] += len(touch.chain)
         else:
             self._log[slot].popleft()
+            del self._touch_of[slot][touch.seq]
+            self._stale[slot].discard(touch.seq)
         return len(victims)
 
     def _compact(self, slot: int) -> None:
-        """Drop the stale references from a replica's touch log (touches left empty go too)."""
+        """Cut the touches holding stale references to their live blocks; drop those left empty."""
         stamp = self._stamp[slot]
-        kept: deque[_Touch] = deque()
-        for touch in self._log[slot]:
+        touch_of = self._touch_of[slot]
+        emptied = False
+        for seq in self._stale[slot]:
+            touch = touch_of.get(seq)
+            if touch is None:
+                continue
+            self._log_refs[slot] -= len(touch.chain)
             touch.chain = touch.live(stamp)
-            if touch.chain:
-                kept.append(touch)
-        self._log[slot] = kept
-        self._log_refs[slot] = sum(len(touch.chain) for touch in kept)
+            self._log_refs[slot] += len(touch.chain)
+            if not touch.chain:
+                del touch_of[touch.seq]
+                emptied = True
+        self._stale[slot].clear()
+        if emptied:
+            self._log[slot] = deque(filter(_has_blocks, self._log[slot]))
 
     def _evict_to_global_cap(self) -> None:
         """Evict LRU blocks of the replica holding the most, down to ``eviction_target``.
@@ -394,6 +428,10 @@ class PrefixIndex:
         while len(self._holders) > target:
             slot = max(self._slot.values(), key=lambda s: len(self._stamp[s]))
             self._evict_oldest(slot, len(self._holders) - target)
+
+
+def _has_blocks(touch: _Touch) -> bool:
+    return bool(touch.chain)
 
 
 def _clear_bit(masks: dict[BlockHash, int], block_hash: BlockHash, bit: int) -> None:

@@ -5,6 +5,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radix import prefix_index
 from radix.hashing import block_hashes
 from radix.prefix_index import PrefixIndex, eviction_target
 
@@ -66,8 +67,12 @@ class IndexMachine(RuleBasedStateMachine):
     @initialize(
         capacities=st.tuples(*[st.one_of(st.none(), st.integers(1, 12)) for _ in REPLICAS]),
         max_blocks=st.one_of(st.none(), st.integers(4, 30)),
+        compaction=st.sampled_from([(1, 0), (2, 2), (prefix_index.COMPACT_RATIO, prefix_index.COMPACT_FLOOR)]),
     )
-    def setup(self, capacities: tuple[int | None, ...], max_blocks: int | None) -> None:
+    def setup(self, capacities: tuple[int | None, ...], max_blocks: int | None, compaction: tuple[int, int]) -> None:
+        """``compaction`` (ratio, floor): small ones compact the touch logs after a few inserts."""
+        self.default_compaction = prefix_index.COMPACT_RATIO, prefix_index.COMPACT_FLOOR
+        prefix_index.COMPACT_RATIO, prefix_index.COMPACT_FLOOR = compaction
         self.index = PrefixIndex(max_blocks)
         self.reference = ReferenceIndex(max_blocks)
         self.parent: dict[int, int | None] = {}
@@ -121,6 +126,10 @@ class IndexMachine(RuleBasedStateMachine):
         kept = [block for block in blocks if self.index.last_used(replica, block) is not None]
         assert len(blocks) - len(kept) == dropped
         self.reference.held[replica] = kept
+
+    def teardown(self) -> None:
+        if hasattr(self, "default_compaction"):
+            prefix_index.COMPACT_RATIO, prefix_index.COMPACT_FLOOR = self.default_compaction
 
     @invariant()
     def agrees_with_reference(self) -> None:
@@ -196,3 +205,16 @@ def test_global_cap_bounds_nodes() -> None:
 def test_unknown_replica_is_an_error() -> None:
     with pytest.raises(KeyError):
         PrefixIndex().insert("nobody", chain([1, 2]), 0.0)
+
+
+def test_touch_log_stays_bounded_when_old_prefixes_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction visits only the touches noted as holding stale references; old touches whose
+    prefixes are touched again are among them, so the log never holds more than it may."""
+    monkeypatch.setattr(prefix_index, "COMPACT_FLOOR", 0)
+    index = PrefixIndex()
+    index.add_replica("a")
+    prompts = [chain([prefix] * 8 + [tail, tail]) for prefix in range(3, 12) for tail in range(3)]
+    for now, hashes in enumerate(prompts * 4):
+        index.insert("a", hashes, float(now))
+        assert index._log_refs[0] <= prefix_index.COMPACT_RATIO * index.blocks("a")
+    index.check_integrity()
