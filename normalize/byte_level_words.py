@@ -64,7 +64,8 @@ class ByteLevelWords:
             {code: tokenizer.pre_tokenizer.pre_tokenize_str(chr(code))[0][0] for code in range(128)}
         )
         """ASCII character -> the character the byte-level alphabet spells it with."""
-        self._ids: dict[str, list[int]] = {}
+        self._ids: dict[str, tuple[int, ...]] = {}
+        """Tuples: the garbage collector stops tracking tuples of ints, so a full cache costs no GC scans."""
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, added_tokens_split: bool) -> "ByteLevelWords | None":
@@ -91,8 +92,8 @@ class ByteLevelWords:
             chain.from_iterable([ids_of.get(word) or self._word_ids(word) for word in ASCII_WORDS.findall(text)])
         )
 
-    def _word_ids(self, word: str) -> list[int]:
-        ids = [token.id for token in self._model.tokenize(word.translate(self._byte_chars))]
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        ids = tuple([token.id for token in self._model.tokenize(word.translate(self._byte_chars))])
         if len(word) <= MAX_CACHED_WORD_CHARS:
             if len(self._ids) >= MAX_CACHED_WORDS:
                 self._ids.clear()
