@@ -1,8 +1,8 @@
 """Byte-level BPE tokenization of ASCII text word by word, with each word's ids cached.
 
-A byte-level BPE tokenizer (GPT-2's scheme: SmolLM2, Llama 3, Qwen, ...) cuts its input into
-words with one regular expression and runs BPE on each word alone, so a text's ids are its
-words' ids in order. The HF tokenizer spends most of its time on a short text in that cut (its
+A byte-level BPE tokenizer with GPT-2's pre-tokenizer (SmolLM2's; Llama 3 and Qwen cut words
+with a regex of their own and do not qualify here) cuts its input into words with one regular
+expression and runs BPE on each word alone, so a text's ids are its words' ids in order. The HF tokenizer spends most of its time on a short text in that cut (its
 regex engine and the byte mapping, ~1.5 us a word here), not in BPE. For ASCII text the cut is
 a plain ``re`` pattern (the Unicode classes of GPT-2's pattern are ``[A-Za-z]``, ``[0-9]`` and
 the six ASCII whitespace characters there), and the words of ordinary text repeat, so their ids
