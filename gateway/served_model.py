@@ -74,7 +74,8 @@ class ServedModel:
     async def token_ids(
         self, body: dict[str, Any], request: ParsedRequest, salt: str | None, check_bound: Callable[[int], None]
     ) -> list[EncodedPrompt]:
-        """The prompt's token ids exactly as the backend will see them: one list per prompt or input.
+        """The prompt's token ids exactly as the backend will see them (with the known prefixes the
+        block-hash memo reuses): one ``EncodedPrompt`` per prompt or input.
 
         ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
         cannot fit, before the tokenizer runs; ``salt`` keeps cached segments per isolation domain.

@@ -94,13 +94,14 @@ class SegmentTokenizer:
         self.misses = 0
         self._special_ids = self._splittable_special_tokens()
         self._words: ByteLevelWords | None = None
+        """Short uncached ASCII text is tokenized word by word with cached words (None: not this
+        tokenizer, and during the segment self-test, which compares with the tokenizer alone)."""
         splitter = self._special_token_splitter()
         self.segmented = splitter is not None and self._segments_match_whole(splitter)
         """Whether prompts are cut at special tokens; False: each prompt is one segment."""
         self._splitter = splitter if self.segmented else None
         all_split = self.segmented and len(self._special_ids) == len(self.chat.tokenizer.get_added_tokens_decoder())
         self._words = ByteLevelWords.for_tokenizer(self.chat.tokenizer, added_tokens_split=all_split)
-        """Short uncached ASCII text is tokenized word by word with cached words (None: not this tokenizer)."""
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
         self.verbatim_roles = self._verbatim_roles()
