@@ -11,8 +11,8 @@ on load alone (no block hashes) under the same prompt caps and tenants.
 
 import asyncio
 import re
+import secrets
 import time
-import uuid
 from functools import partial
 from typing import Any
 
@@ -110,7 +110,7 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
                 gateway.limits.check_prompt(model.name, tenant.caps, prompt_tokens, longest)
                 body, hashes, output_tokens = normalized.body, [], 0
             route_request = RouteRequest(
-                request_id=f"gw-{uuid.uuid4().hex}",
+                request_id=f"gw-{secrets.token_hex(16)}",
                 model=model.name,
                 block_hashes=hashes,
                 prompt_tokens=prompt_tokens,
@@ -157,7 +157,7 @@ def client_request_id(request: web.Request) -> str:
     requests that send the same id never share anything.
     """
     given = request.headers.get("x-request-id", "")
-    return given if _CLIENT_REQUEST_ID.fullmatch(given) else f"req-{uuid.uuid4().hex}"
+    return given if _CLIENT_REQUEST_ID.fullmatch(given) else f"req-{secrets.token_hex(16)}"
 
 
 def header_text(request: web.Request, name: str) -> str | None:
