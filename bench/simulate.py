@@ -28,8 +28,9 @@ from engine.config import EngineConfig
 from engine.sim_runner import SimCosts
 from gateway.admission.kv_blocks import blocks_needed, fits
 from gateway.routing.config import RoutingConfig
+from gateway.routing.late_binding import HoldLine
 from gateway.routing.router import ReplicaSpec, Router
-from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
+from gateway.routing.types import Hold, ReplicaState, RouteDecision, RouteRequest
 from radix.hashing import block_hashes
 from radix.kv_event_format import EventBatch
 from radix.kv_event_ingest import KVEventApplier
@@ -58,10 +59,21 @@ class SimFleet:
 
 
 @dataclass
+class SimHeldStats:
+    """Late binding in a run: requests held, how they left, their total wait."""
+
+    held: int = 0
+    released: int = 0
+    timed_out: int = 0
+    wait_s_total: float = 0.0
+
+
+@dataclass
 class SimOutcome:
     load: LoadResult
     served: list[int]
     """Requests each replica finished."""
+    held: SimHeldStats = field(default_factory=SimHeldStats)
 
 
 @dataclass
@@ -125,6 +137,9 @@ class VirtualFleet:
             self._build_router(contender)
         self._round_robin = itertools.cycle(self.backends)
         self._admission: deque[Callable[[], bool]] = deque()
+        self._held: dict[str, HoldLine[Callable[[], bool]]] = {}
+        """Late binding: per owner, requests held for it; each entry places its request or says False."""
+        self.held_stats = SimHeldStats()
 
     def _build_router(self, contender: Contender) -> None:
         config = RoutingConfig.model_validate({"policy": contender.policy, **contender.routing})
@@ -166,7 +181,9 @@ class VirtualFleet:
             raise RuntimeError(f"simulation stalled with {len(requests) - len(results)} requests unfinished")
         duration = max((r.start_s + (r.e2e_s or 0.0) for r in results), default=0.0)
         return SimOutcome(
-            LoadResult(sorted(results, key=lambda r: r.start_s), duration), [b.replica.served for b in self.backends]
+            LoadResult(sorted(results, key=lambda r: r.start_s), duration),
+            [b.replica.served for b in self.backends],
+            self.held_stats,
         )
 
     def _schedule(self, at: float, action: Callable[[], None], background: bool = False) -> None:
@@ -241,11 +258,75 @@ class VirtualFleet:
         prompt: list[int],
         result: RequestResult,
         finished: Callable[[SimRequest, float], None],
+        may_hold: bool = True,
     ) -> bool:
-        """Route and hand the request to a replica with room for its KV blocks; False if none has."""
-        decision, uncached, kv_blocks = self._choose(route)
+        """Route and hand the request to a replica with room for its KV blocks, or hold it for its
+        owner (late binding); False if it must wait in the admission FIFO."""
+        decision, uncached, kv_blocks = self._choose(route, may_hold)
         if decision is None:
             return False
+        if decision.hold is not None:
+            self._hold(decision.hold, route, prompt, result, finished)
+            return True
+        self._dispatch(decision, uncached, kv_blocks, route, prompt, result, finished)
+        return True
+
+    def _hold(
+        self,
+        hold: Hold,
+        route: RouteRequest,
+        prompt: list[int],
+        result: RequestResult,
+        finished: Callable[[SimRequest, float], None],
+    ) -> None:
+        """Late binding, as gateway/admission/held.py: wait in the owner's line (fewest uncached
+        tokens first) until routing places the request, or route it unheld after ``max_wait_s``."""
+        assert self.router is not None
+        line = self._held.setdefault(hold.owner, HoldLine())
+        held_since = self.now
+
+        def try_release() -> bool:
+            decision, uncached, kv_blocks = self._choose(route, may_hold=True)
+            if decision is None or decision.hold is not None:
+                return False
+            self.held_stats.released += 1
+            self.held_stats.wait_s_total += self.now - held_since
+            self._dispatch(decision, uncached, kv_blocks, route, prompt, result, finished)
+            return True
+
+        entry = line.push(hold.uncached_tokens, try_release)
+        self.held_stats.held += 1
+
+        def expire() -> None:
+            if entry.gone:
+                return
+            line.remove(entry)
+            self.held_stats.timed_out += 1
+            self.held_stats.wait_s_total += self.now - held_since
+            self._release_held(hold.owner)
+            if self._admission or not self._place(route, prompt, result, finished, may_hold=False):
+                self._admission.append(lambda: self._place(route, prompt, result, finished, may_hold=False))
+
+        self._schedule(self.now + self.router.config.late_binding.max_wait_s, expire)
+
+    def _release_held(self, owner: str) -> None:
+        """``owner`` may have freed capacity: its line's heads try to get placed, in order."""
+        line = self._held.get(owner)
+        head = line.head() if line is not None else None
+        while line is not None and head is not None and head.item():
+            line.remove(head)
+            head = line.head()
+
+    def _dispatch(
+        self,
+        decision: RouteDecision,
+        uncached: int,
+        kv_blocks: int,
+        route: RouteRequest,
+        prompt: list[int],
+        result: RequestResult,
+        finished: Callable[[SimRequest, float], None],
+    ) -> None:
         backend = self._by_name[decision.backend]
         result.backend, result.route_reason, result.status = decision.backend, decision.reason, 200
         if self.router is not None:
@@ -253,24 +334,27 @@ class VirtualFleet:
         backend.in_flight += 1
         backend.in_flight_prefill_tokens += uncached
         backend.kv_reserved_blocks += kv_blocks
+        name = backend.replica.name
 
         def first_token(now: float) -> None:
             backend.in_flight_prefill_tokens -= uncached
+            self._schedule(now, lambda: self._release_held(name))
 
         def done(sim_request: SimRequest, now: float) -> None:
             backend.in_flight -= 1
             backend.kv_reserved_blocks -= kv_blocks
             if self.router is not None:
-                self.router.on_finished(route, backend.replica.name, sim_request.seq.num_cached_tokens, ok=True)
+                self.router.on_finished(route, name, sim_request.seq.num_cached_tokens, ok=True)
             finished(sim_request, now)
             self._schedule(now, self._pump_admission)
+            self._schedule(now, lambda: self._release_held(name))
 
         backend.replica.add(prompt, route.max_tokens, self.now, first_token, done)
         self._start_step(backend.replica)
-        return True
 
-    def _choose(self, route: RouteRequest) -> tuple[RouteDecision | None, int, int]:
-        """The gateway's placement: ranked replicas until one has room for the request's KV blocks."""
+    def _choose(self, route: RouteRequest, may_hold: bool = True) -> tuple[RouteDecision | None, int, int]:
+        """The gateway's placement: ranked replicas until one has room for the request's KV blocks
+        (a decision to hold the request for its owner comes back as is)."""
         block_size = self.fleet.block_size
         if self.router is None:
             backend = next(self._round_robin)
@@ -278,11 +362,11 @@ class VirtualFleet:
             return decision, route.prompt_tokens, blocks_needed(route.prompt_tokens, route.max_tokens, block_size)
         candidates = list(self.backends)
         while candidates:
-            decision = self.router.route(route, [backend.state() for backend in candidates])
+            decision = self.router.route(route, [backend.state() for backend in candidates], may_hold)
             backend = self._by_name[decision.backend]
             uncached = route.prompt_tokens - decision.predicted_cached_tokens
             kv_blocks = blocks_needed(uncached, route.max_tokens, block_size)
-            if fits(backend.kv_reserved_blocks, kv_blocks, self.fleet.num_blocks):
+            if decision.hold is not None or fits(backend.kv_reserved_blocks, kv_blocks, self.fleet.num_blocks):
                 return decision, uncached, kv_blocks
             candidates.remove(backend)
         return None, 0, 0

@@ -120,6 +120,13 @@ def main(argv: list[str]) -> int:
             f"p99 {rows[-1].ttft_p99_s:.3f} s ({time.perf_counter() - started:.1f} s to simulate)",
             flush=True,
         )
+        if outcome.held.held:
+            held = outcome.held
+            print(
+                f"   late binding: {held.held} held, {held.released} released to the owner, "
+                f"{held.timed_out} timed out, mean wait {held.wait_s_total / held.held:.3f} s",
+                flush=True,
+            )
     out_dir = args.out or REPO / "bench" / "out" / "simulate" / args.workload
     meta = {
         "mode": "simulate (virtual time)",

@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.admission.forwarded_body import with_retention_hint
+from gateway.admission.held import HeldRequests
 from gateway.admission.kv_blocks import blocks_needed
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
@@ -28,7 +29,7 @@ from gateway.backends.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, f
 from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
 from gateway.routing.router import Router
-from gateway.routing.types import RouteDecision, RouteRequest
+from gateway.routing.types import Hold, RouteDecision, RouteRequest
 from protocol.tracing import span
 from protocol.usage import cached_tokens, total_tokens
 
@@ -97,7 +98,10 @@ class Dispatcher:
         self.queue = queue
         self.timeouts = timeouts
         self.block_size = block_size
+        self.held = HeldRequests()
+        """Requests late binding holds for their busy owner (routing.late_binding)."""
         pool.on_change(self.queue.notify)
+        pool.on_change(self.held.notify_all)
 
     async def dispatch(
         self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding, priority: int = 0
@@ -124,6 +128,9 @@ class Dispatcher:
             try:
                 with span("gateway.queue"):
                     placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried), priority)
+                    hold = placement.decision.hold
+                    if hold is not None:
+                        placement = await self._late_bind(request, tenant, tried, hold, priority)
             finally:
                 queued_s += time.perf_counter() - waiting_since
                 forwarding.progress.queued_s = queued_s
@@ -141,8 +148,25 @@ class Dispatcher:
             f"'{request.model}' failed on {len(tried)} replicas in a row; retry shortly", retry_after_s=1
         )
 
-    def _place(self, request: RouteRequest, tried: set[str]) -> Placement | None:
-        """A replica with a free slot and room for the request's KV blocks; None when all are full."""
+    async def _late_bind(
+        self, request: RouteRequest, tenant: Tenant, tried: set[str], hold: Hold, priority: int
+    ) -> Placement:
+        """Wait for the owner (gateway/admission/held.py); past ``max_wait_s``, route as if never held."""
+        max_wait_s = self.router.config.late_binding.max_wait_s
+        placement = await self.held.wait(hold, max_wait_s, lambda: self._place_unheld(request, tried))
+        if placement is not None:
+            return placement
+        return await self.queue.admit(tenant.name, lambda: self._place(request, tried, may_hold=False), priority)
+
+    def _place_unheld(self, request: RouteRequest, tried: set[str]) -> Placement | None:
+        """A placement once routing no longer says to keep holding the request."""
+        placement = self._place(request, tried)
+        return placement if placement is not None and placement.decision.hold is None else None
+
+    def _place(self, request: RouteRequest, tried: set[str], may_hold: bool = True) -> Placement | None:
+        """A replica with a free slot and room for the request's KV blocks; None when all are full.
+
+        A decision to hold the request for its owner (late binding) comes back as is."""
         usable = [
             backend
             for backend in self.pool.usable(request.model)
@@ -154,11 +178,11 @@ class Dispatcher:
         candidates = [backend for backend in usable if backend.has_room]
         while candidates:
             with span("gateway.route"):
-                decision = self.router.route(request, [backend.state() for backend in candidates])
+                decision = self.router.route(request, [backend.state() for backend in candidates], may_hold)
             backend = self.pool.backends[decision.backend]
             uncached = request.prompt_tokens - decision.predicted_cached_tokens
             kv_blocks = blocks_needed(uncached, request.max_tokens, self.block_size)
-            if backend.fits(kv_blocks):
+            if decision.hold is not None or backend.fits(kv_blocks):
                 return Placement(backend, decision, uncached, kv_blocks)
             candidates.remove(backend)
         return None
@@ -172,6 +196,11 @@ class Dispatcher:
         outcome: UpstreamOutcome | None = None
         try:
             with backend.occupy(placement.uncached_tokens, placement.kv_blocks) as prefill_done:
+
+                def first_token() -> None:
+                    prefill_done()
+                    self.held.notify(backend.name)
+
                 call = ProxyCall(
                     session=self.session,
                     url=f"{backend.spec.url}{forwarding.path}",
@@ -184,7 +213,7 @@ class Dispatcher:
                     timeouts=self.timeouts,
                     max_tokens=request.max_tokens,
                     prompt_tokens=request.prompt_tokens,
-                    on_first_token=prefill_done,
+                    on_first_token=first_token,
                     upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
                     stream_format=forwarding.stream_format,
                     secret=backend.spec.upstream_api_key(),
@@ -198,6 +227,7 @@ class Dispatcher:
             ok = outcome is not None and outcome.completed
             self.router.on_finished(request, backend.name, cached_tokens(outcome.usage if outcome else None), ok=ok)
             self.queue.notify()
+            self.held.notify(backend.name)
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()
         elif not outcome.client_gone:

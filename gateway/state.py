@@ -105,7 +105,7 @@ class Gateway:
         return DEFAULT_MAX_TOKENS[endpoint]
 
     async def start(self) -> None:
-        self.telemetry.metrics.register(LiveStateCollector(self.pool, self.router, self.queue))
+        self.telemetry.metrics.register(LiveStateCollector(self.pool, self.router, self.queue, self.dispatcher.held))
         self.telemetry.metrics.register(LimiterCollector(self.tenants.limiter))
         await self.tenants.limiter.start()
         self.pool.on_change(self.sync_router_capacity)

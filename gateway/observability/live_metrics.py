@@ -2,9 +2,10 @@
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.admission.held import HeldRequests
 from gateway.admission.queue import AdmissionQueue
 from gateway.backends.circuit_breaker import BreakerState
 from gateway.backends.pool import BackendPool
@@ -23,14 +24,16 @@ def _counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
 class LiveStateCollector(Collector):
     """Reads the parts on each scrape; a reload updates these parts in place, so they stay current."""
 
-    def __init__(self, pool: BackendPool, router: Router, queue: AdmissionQueue) -> None:
+    def __init__(self, pool: BackendPool, router: Router, queue: AdmissionQueue, held: HeldRequests) -> None:
         self.pool = pool
         self.router = router
         self.queue = queue
+        self.held = held
 
     def collect(self) -> Iterator[Metric]:
         yield from self._backends()
         yield from self._queue()
+        yield from self._held()
         yield from self._router()
 
     def _backends(self) -> Iterator[Metric]:
@@ -56,6 +59,24 @@ class LiveStateCollector(Collector):
         for tenant, waiting in self.queue.waiting_by_tenant().items():
             depth.add_metric([tenant], waiting)
         yield depth
+
+    def _held(self) -> Iterator[Metric]:
+        stats = self.held.stats()
+        held = _gauge("kvgate_late_binding_held", "Requests held at the gateway for their busy owner.", "backend")
+        for owner, count in stats.held_by_owner.items():
+            held.add_metric([owner], count)
+        yield held
+        left = _counter("kvgate_late_binding_left", "Held requests by how they left the hold.", "outcome")
+        left.add_metric(["released"], stats.released)
+        left.add_metric(["timed_out"], stats.timed_out)
+        left.add_metric(["client_gone"], stats.gone)
+        yield left
+        yield SummaryMetricFamily(
+            "kvgate_late_binding_wait_seconds",
+            "Time requests spent held for their owner.",
+            count_value=stats.left,
+            sum_value=stats.wait_s_total,
+        )
 
     def _router(self) -> Iterator[Metric]:
         stats = self.router.stats()

@@ -8,6 +8,16 @@ POLICIES = ("cache_aware", "prefix_affinity", "least_loaded", "round_robin", "ra
 SCORERS = ("estimated_ttft", "prefix_affinity", "least_loaded", "round_robin", "random", "session_affinity")
 
 
+class LateBindingConfig(ConfigSection):
+    """``routing.late_binding`` (gateway/routing/late_binding.py): hold a load spill for its owner.
+    Off by default: it did not win across trace windows in ``bench simulate`` (bench/RESULTS.md)."""
+
+    enabled: bool = False
+    max_wait_s: float = Field(1.0, gt=0)
+    """Longest a request waits for its owner before it is routed as if never held; an owner whose
+    estimated TTFT is more than this above the spill's is not waited for at all."""
+
+
 class RoutingConfig(ConfigSection):
     """How the router picks a replica. Defaults are the ones that won the benchmarks."""
 
@@ -30,6 +40,9 @@ class RoutingConfig(ConfigSection):
     min_match_tokens: int = Field(64, ge=0)
     """A match that exceeds what every candidate holds by fewer tokens than this is no useful match:
     the request is placed by load alone."""
+
+    late_binding: LateBindingConfig = LateBindingConfig()
+    """Hold a request for its busy owner at the gateway instead of spilling it."""
 
     host_hit_cost: float = Field(0.15, ge=0, le=1)
     """Precise mode: what a prompt token found only in a replica's host KV tier costs, as a fraction

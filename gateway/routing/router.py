@@ -15,6 +15,7 @@ from gateway.routing.calibration import Calibration, CalibrationStats
 from gateway.routing.config import RoutingConfig
 from gateway.routing.context import RouteContext, cached_tokens
 from gateway.routing.hash_ring import HashRing
+from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
@@ -67,9 +68,12 @@ class Router:
     async def stop(self) -> None:
         await self.tracker.stop()
 
-    def route(self, request: RouteRequest, replicas: list[ReplicaState]) -> RouteDecision:
+    def route(self, request: RouteRequest, replicas: list[ReplicaState], may_hold: bool = True) -> RouteDecision:
         """Rank ``replicas``, which the caller has already filtered to those that may take the request
-        (the backend pool's health, breaker and draining state, and a free slot)."""
+        (the backend pool's health, breaker and draining state, and a free slot).
+
+        With late binding on and ``may_hold``, a load spill worth waiting out comes back with
+        ``decision.hold`` set (gateway/routing/late_binding.py)."""
         candidates = sorted(replicas, key=lambda replica: replica.name)
         matched = self.tracker.match(request.block_hashes)
         prompt = request.prompt_tokens
@@ -83,7 +87,13 @@ class Router:
         ctx = RouteContext(request, candidates, priced, indexed, self.config)
         ranked = self.policy.rank(ctx)
         self._remember(request.request_id, _Pending(matched, cached))
-        return RouteDecision(ranked[0], self.policy.reason(ctx, ranked[0]), cached.get(ranked[0], 0), ranked)
+        chosen = ranked[0]
+        reason = self.policy.reason(ctx, chosen)
+        late = self.config.late_binding
+        hold = None
+        if late.enabled and may_hold and reason == "load-spill":
+            hold = hold_for_owner(ctx, chosen, late.max_wait_s)
+        return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold)
 
     def on_routed(self, request: RouteRequest, backend: str) -> None:
         if backend in self._names:

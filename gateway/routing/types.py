@@ -41,6 +41,15 @@ class ReplicaState:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Late binding (gateway/routing/late_binding.py): wait for ``owner`` instead of spilling."""
+
+    owner: str
+    uncached_tokens: int
+    """Prompt tokens the owner would still compute: its line's order (fewest first)."""
+
+
+@dataclass(frozen=True)
 class RouteDecision:
     backend: str
     reason: str
@@ -49,3 +58,6 @@ class RouteDecision:
     ranked: list[str]
     """Every eligible replica, best first (``ranked[0] == backend``), for diagnostics; a retry routes
     again without the replicas that failed, so it sees load and cache as they are by then."""
+    hold: Hold | None = None
+    """Set when late binding is on and ``backend`` is a load spill worth waiting out: the caller
+    holds the request for the owner and routes it again when the owner frees capacity."""

@@ -68,3 +68,18 @@ def test_sessions_send_their_next_turn_after_the_previous_one_ends() -> None:
             assert after.start_s >= before.start_s + before.e2e_s + 0.2 - 1e-9
             assert after.backend == before.backend and after.route_reason == "session"
             assert after.cached_tokens > 0
+
+
+def test_late_binding_holds_spills_for_their_owners_and_every_request_still_finishes() -> None:
+    late = Contender(
+        "kvgate", "cache_aware", {"ttft_target_s": 0.05, "late_binding": {"enabled": True, "max_wait_s": 0.5}}
+    )
+    fleet = VirtualFleet(late, SimFleet(replicas=3, num_blocks=256, costs=COSTS))
+    outcome = fleet.run(REQUESTS)
+    held = outcome.held
+    assert held.held > 0 and held.released + held.timed_out == held.held, "each held request left the hold once"
+    assert len(outcome.load.results) == len(REQUESTS) and all(r.ok for r in outcome.load.results)
+    assert all(not line for line in fleet._held.values())
+    for backend in fleet.backends:
+        backend.replica.block_manager.assert_invariants()
+        assert backend.in_flight == backend.kv_reserved_blocks == 0

@@ -1,0 +1,80 @@
+"""Late binding: hold a follow-up for its busy owner at the gateway instead of spilling it.
+
+cache_aware moves a request off the replica holding its longest useful match (its owner) when
+the owner's estimated TTFT breaks ``ttft_target_s`` and another replica's does not (reason
+``load-spill``); the prefix is then recomputed and duplicated elsewhere. With
+``routing.late_binding.enabled`` such a request instead waits in a per-owner line at the gateway,
+provided the owner's estimated TTFT is at most ``max_wait_s`` above the spill's. Whenever the owner
+frees capacity (one of its requests gets its first token or ends, a health round runs), the
+line's head, the request with the fewest prompt tokens left to compute there
+(shortest-uncached-first), is routed again: it goes to the owner once the owner rule keeps it
+there (the owner is within target again, or no longer slower than the others by more than the
+target), and keeps waiting otherwise. After ``max_wait_s`` it is routed as if never held.
+
+``hold_for_owner`` decides (a pure function of one routing decision); ``HoldLine`` is the
+order, shared by the gateway (``HeldRequests``, gateway/admission/held.py) and ``kvgate bench
+simulate``.
+"""
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from gateway.routing.context import RouteContext
+from gateway.routing.types import Hold
+
+T = TypeVar("T")
+
+
+def hold_for_owner(ctx: RouteContext, chosen: str, max_wait_s: float) -> Hold | None:
+    """A hold when ``chosen`` is a load spill off an owner whose estimated TTFT is at most
+    ``max_wait_s`` above ``chosen``'s (waiting costs at most that much); None otherwise."""
+    if not ctx.has_useful_match or ctx.is_owner(chosen):
+        return None
+    by_name = {replica.name: replica for replica in ctx.replicas}
+    owners = [(ctx.estimated_ttft_s(replica), replica.name) for replica in ctx.replicas if ctx.is_owner(replica.name)]
+    if not owners or chosen not in by_name:
+        return None
+    owner_s, owner = min(owners)
+    if owner_s - ctx.estimated_ttft_s(by_name[chosen]) > max_wait_s:
+        return None
+    return Hold(owner, ctx.request.prompt_tokens - ctx.cached.get(owner, 0))
+
+
+_ARRIVALS = itertools.count()
+
+
+@dataclass(eq=False)
+class HeldEntry(Generic[T]):
+    item: T
+    gone: bool = False
+
+
+class HoldLine(Generic[T]):
+    """One owner's held requests, fewest uncached tokens first (then first come, first served)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, HeldEntry[T]]] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, uncached_tokens: int, item: T) -> HeldEntry[T]:
+        entry = HeldEntry(item)
+        heapq.heappush(self._heap, (uncached_tokens, next(_ARRIVALS), entry))
+        self._size += 1
+        return entry
+
+    def head(self) -> HeldEntry[T] | None:
+        while self._heap and self._heap[0][2].gone:
+            heapq.heappop(self._heap)
+        return self._heap[0][2] if self._heap else None
+
+    def remove(self, entry: HeldEntry[T]) -> None:
+        """Take ``entry`` out (released, timed out or its client left); a second call does nothing."""
+        if not entry.gone:
+            entry.gone = True
+            self._size -= 1
+            self.head()
