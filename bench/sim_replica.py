@@ -14,6 +14,7 @@ from engine.block_manager import BlockManager
 from engine.runner_api import SamplingParams
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.sequence import Sequence
+from engine.session_retention import SessionRetention
 from engine.sim_runner import SimCosts
 from radix.kv_event_format import KVEvent
 
@@ -46,11 +47,16 @@ class SimReplica:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        host_blocks: int = 0,
+        retention: SessionRetention | None = None,
     ) -> None:
+        """``host_blocks`` and ``retention`` are the engine's ``--host-kv-blocks`` tier and its
+        session retention (give the retention the virtual clock)."""
         self.name = name
         self.costs = costs
+        self.block_size = block_size
         self.max_model_len = max_model_len
-        self.block_manager = BlockManager(num_blocks, block_size, model)
+        self.block_manager = BlockManager(num_blocks, block_size, model, host_blocks, retention)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.busy_until: float | None = None
         """End of the step in progress; None when idle."""
@@ -68,9 +74,11 @@ class SimReplica:
         now: float,
         on_first_token: Callable[[float], None],
         on_finished: Callable[[SimRequest, float], None],
+        session: str | None = None,
     ) -> None:
+        """``session`` is the request's retention hint (``kvgate_session``)."""
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        seq = Sequence(self._next_seq_id, list(prompt), sampling, self.max_model_len, arrival_time=now)
+        seq = Sequence(self._next_seq_id, list(prompt), sampling, self.max_model_len, arrival_time=now, session=session)
         self._next_seq_id += 1
         self._requests[seq.seq_id] = SimRequest(seq, now, on_first_token, on_finished)
         self.scheduler.add(seq)
@@ -83,6 +91,7 @@ class SimReplica:
         if not step.chunks:
             return None
         seconds = self.costs.step_seconds(step.chunks)
+        seconds += len(step.transfers) * self.block_size * self.costs.host_copy_per_token_s
         if step.num_prefill_tokens:
             self._prefill_tokens = self._prefill_tokens * PREFILL_RATE_DECAY + step.num_prefill_tokens
             self._prefill_seconds = self._prefill_seconds * PREFILL_RATE_DECAY + seconds

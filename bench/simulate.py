@@ -25,6 +25,7 @@ from bench.loadgen import LoadResult, RequestResult, sessions_of
 from bench.sim_replica import SimReplica, SimRequest
 from bench.workloads.types import BenchRequest
 from engine.config import EngineConfig
+from engine.session_retention import DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S, SessionRetention
 from engine.sim_runner import SimCosts
 from gateway.admission.kv_blocks import blocks_needed, fits
 from gateway.routing.config import RoutingConfig
@@ -51,6 +52,11 @@ class SimFleet:
     max_num_batched_tokens: int = EngineConfig.max_num_batched_tokens
     report_interval_s: float = 2.0
     """How often the gateway's health checks refresh each replica's /stats (health.interval_s)."""
+    host_blocks: int = 0
+    """The engine's ``--host-kv-blocks``: a host-memory KV tier per replica (0: none)."""
+    retention: bool = True
+    """Behind kvgate, requests with a session key carry it as a retention hint, as the gateway sends
+    it to bundled engines, which keep active sessions' latest turns (``--session-retain-fraction``)."""
 
     @property
     def max_model_len(self) -> int:
@@ -126,6 +132,8 @@ class VirtualFleet:
                     fleet.max_num_seqs,
                     fleet.max_num_batched_tokens,
                     fleet.max_model_len,
+                    fleet.host_blocks,
+                    self._retention() if fleet.retention and contender.kind == "kvgate" else None,
                 )
             )
             for index in range(fleet.replicas)
@@ -140,6 +148,11 @@ class VirtualFleet:
         self._held: dict[str, HoldLine[Callable[[], bool]]] = {}
         """Late binding: per owner, requests held for it; each entry places its request or says False."""
         self.held_stats = SimHeldStats()
+
+    def _retention(self) -> SessionRetention:
+        """The engine's default session retention, on the virtual clock."""
+        retained = int(DEFAULT_SESSION_RETAIN_FRACTION * self.fleet.num_blocks)
+        return SessionRetention(retained, DEFAULT_SESSION_TTL_S, lambda: self.now)
 
     def _build_router(self, contender: Contender) -> None:
         config = RoutingConfig.model_validate({"policy": contender.policy, **contender.routing})
@@ -349,7 +362,8 @@ class VirtualFleet:
             self._schedule(now, self._pump_admission)
             self._schedule(now, lambda: self._release_held(name))
 
-        backend.replica.add(prompt, route.max_tokens, self.now, first_token, done)
+        session = route.session_key if self.router is not None and self.fleet.retention else None
+        backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session)
         self._start_step(backend.replica)
 
     def _choose(self, route: RouteRequest, may_hold: bool = True) -> tuple[RouteDecision | None, int, int]:

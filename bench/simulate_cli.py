@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--routing", action="append", default=[], metavar="KEY=VALUE", help="kvgate routing: setting (YAML value)"
     )
+    parser.add_argument(
+        "--host-kv-blocks", type=int, default=0, help="a host-memory KV tier of this many blocks per replica"
+    )
+    parser.add_argument(
+        "--no-retention-hints", action="store_true", help="send no session keys to the replicas' block managers"
+    )
     parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
     parser.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
     parser.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds")
@@ -100,6 +106,8 @@ def main(argv: list[str]) -> int:
         kv_events=not args.predicted,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        host_blocks=args.host_kv_blocks,
+        retention=not args.no_retention_hints,
     )
     tokenizer = ChatTokenizer.load(MODEL)
     workload = WORKLOADS[args.workload]

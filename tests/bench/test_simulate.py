@@ -83,3 +83,24 @@ def test_late_binding_holds_spills_for_their_owners_and_every_request_still_fini
     for backend in fleet.backends:
         backend.replica.block_manager.assert_invariants()
         assert backend.in_flight == backend.kv_reserved_blocks == 0
+
+
+def test_a_host_tier_turns_device_evictions_into_host_hits_and_leaks_nothing() -> None:
+    def run(host_blocks: int) -> tuple[VirtualFleet, float]:
+        fleet = VirtualFleet(
+            Contender("kvgate", "cache_aware"),
+            SimFleet(replicas=2, num_blocks=96, costs=COSTS, host_blocks=host_blocks),
+        )
+        outcome = fleet.run(REQUESTS)
+        assert all(r.ok for r in outcome.load.results)
+        cached = sum(r.cached_tokens for r in outcome.load.results)
+        return fleet, cached / sum(r.prompt_tokens for r in outcome.load.results)
+
+    _, device_only = run(0)
+    with_host, tiered = run(512)
+    assert sum(b.replica.block_manager.num_host_hit_blocks for b in with_host.backends) > 0
+    assert tiered > device_only, "blocks evicted from the small device pools come back from host memory"
+    for backend in with_host.backends:
+        manager = backend.replica.block_manager
+        manager.assert_invariants()
+        assert manager.num_free_blocks == manager.num_blocks
