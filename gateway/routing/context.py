@@ -35,9 +35,10 @@ class RouteContext:
     shared_cached: int = field(init=False)
     """Cached tokens every eligible replica has: that part of a match says nothing about where to go."""
     has_useful_match: bool = field(init=False)
-    """Some replica holds at least ``min_match_tokens`` more of the prompt than the one holding least
-    (llm-d normalises prefix scores across candidates the same way): a root every replica holds,
-    such as a shared system prompt, does not make a one-shot prompt look like a hit."""
+    """Some replica holds at least ``min_match_tokens`` (and ``min_match_fraction`` of the prompt) more
+    than the one holding least (llm-d normalises prefix scores across candidates the same way): a
+    root every replica holds, such as a shared system prompt, does not make a one-shot prompt look
+    like a hit."""
     assumed_prefill_rate: float = field(init=False)
     """Prefill tokens/s of a replica that has not measured its own: the mean of those that have
     (replicas of one model usually run on like hardware), else the configured rate. Mixing a
@@ -48,7 +49,8 @@ class RouteContext:
         self.best_cached = max(held, default=0)
         self.shared_cached = min(held, default=0)
         distinct = self.best_cached - self.shared_cached
-        self.has_useful_match = distinct > 0 and distinct >= self.config.min_match_tokens
+        needed = max(self.config.min_match_tokens, self.config.min_match_fraction * self.request.prompt_tokens)
+        self.has_useful_match = distinct > 0 and distinct >= needed
         measured = [replica.prefill_tokens_per_s for replica in self.replicas if replica.prefill_tokens_per_s]
         self.assumed_prefill_rate = sum(measured) / len(measured) if measured else self.config.prefill_tokens_per_s
 

@@ -69,3 +69,38 @@ def test_prefix_affinity_scores_the_distinct_part_normalised_across_candidates()
     ctx_request = prompt_request(7, 64, shared_tail=320, request_id="next")
     decision = r.route(ctx_request, [state("a"), state("b"), state("c", in_flight=9, prefill_tokens=9000)])
     assert decision.ranked == ["c", "b", "a"], "320 beyond the root scores 1, 160 scores 0.5, the root alone 0"
+
+
+FLEET = tuple(f"r{index:02d}" for index in range(32))
+
+
+def root_held_by_few(min_match_fraction: float = 0.0) -> Router:
+    """32 replicas; only the three that served the first requests hold ROOT (as in a large fleet)."""
+    r = router(names=FLEET, min_match_tokens=64, min_match_fraction=min_match_fraction)
+    for name in FLEET[:3]:
+        hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
+    return r
+
+
+def fleet_state() -> list:
+    """The root holders each run a request; the others are idle. One-shots: 128 root + 1,400 tokens."""
+    return [state(name, in_flight=1, prefill_tokens=20) if name in FLEET[:3] else state(name) for name in FLEET]
+
+
+def test_in_a_large_fleet_a_root_few_replicas_hold_pulls_one_shots_onto_them_by_tokens_alone() -> None:
+    decision = root_held_by_few(min_match_fraction=0.0).route(prompt_request(0, 1400, request_id="one-shot"), fleet_state())
+    assert decision.backend in FLEET[:3] and decision.reason == "prefix-hit", "the behaviour min_match_fraction fixes"
+
+
+def test_with_min_match_fraction_a_root_that_is_a_sliver_of_the_prompt_is_no_match() -> None:
+    decision = root_held_by_few(min_match_fraction=0.1).route(
+        prompt_request(0, 1400, request_id="one-shot"), fleet_state()
+    )
+    assert decision.reason == "no-match" and decision.backend not in FLEET[:3], "placed by load: the root spreads"
+
+
+def test_with_min_match_fraction_a_conversation_still_goes_to_its_owner() -> None:
+    r = root_held_by_few(min_match_fraction=0.1)
+    hold(r, "r17", prompt_request(7, 16, shared_tail=320, request_id="turn-1"))
+    decision = r.route(prompt_request(7, 64, shared_tail=320, request_id="turn-2"), fleet_state())
+    assert (decision.backend, decision.reason) == ("r17", "prefix-hit"), "448 of 512 tokens cached there"
