@@ -18,8 +18,8 @@ import pytest
 from tests.gateway_cluster import MODEL, gateway_config, gateway_for, running
 from tests.procs import ManagedProcess, free_port, start_engine
 
-PREFIX = [1000 + i for i in range(320)]
-"""20 blocks the owner caches on the first request."""
+PREFIX = [1000 + i for i in range(800)]
+"""50 blocks the owner caches on the first request (over a tenth of every prompt below: a useful match)."""
 PREFILL_S_PER_TOKEN = 0.001
 SIM = (
     "--sim", "--sim-preset", "instant", "--sim-prefill-per-token-s", str(PREFILL_S_PER_TOKEN),
