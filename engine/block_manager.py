@@ -23,6 +23,7 @@ forward pass, so a copy never reads a block or slot that a later decision reused
 """
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.host_kv_pool import HostKVPool
@@ -187,8 +188,8 @@ class BlockManager:
         """
         if self.retention is not None and seq.session is not None:
             hashes = seq.block_hashes[: seq.num_registered_blocks]
-            released, retained = self.retention.record_turn(seq.session, hashes)
-            self._apply_retention(released, retained)
+            stale, pushed_out, retained = self.retention.record_turn(seq.session, hashes)
+            self._apply_retention(stale, retained, pushed_out)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
@@ -356,10 +357,15 @@ class BlockManager:
         block_id, _ = queue.popitem(last=False)
         return block_id
 
-    def _apply_retention(self, released: list[BlockHash], retained: list[BlockHash]) -> None:
+    def _apply_retention(
+        self, released: list[BlockHash], retained: list[BlockHash], pushed_out: Iterable[BlockHash] = ()
+    ) -> None:
         """Move cached-free blocks between the two queues as hashes lose or gain retention.
 
-        A released block goes to the old end of the evictable queue (it has waited longest).
+        A stale block (a superseded turn, an expired session) goes to the old end of the evictable
+        queue: it has waited longest. A block whose session the retention bound pushed out goes to
+        the new end: it may be as hot as anything there (a system prompt many sessions share), and
+        sending it to the front made it the first to go, below one-shot blocks.
         """
         for block_hash in released:
             block_id = self._cached.get(block_hash)
@@ -367,6 +373,11 @@ class BlockManager:
                 del self._retained[block_id]
                 self._evictable[block_id] = None
                 self._evictable.move_to_end(block_id, last=False)
+        for block_hash in pushed_out:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._retained:
+                del self._retained[block_id]
+                self._evictable[block_id] = None
         for block_hash in retained:
             block_id = self._cached.get(block_hash)
             if block_id is not None and block_id in self._evictable:

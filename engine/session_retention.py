@@ -8,7 +8,10 @@ session's latest turn holds first, and retained ones only when nothing else is l
 
 Bounded: at most ``max_blocks`` distinct hashes are retained; past that the least recently seen
 sessions lose their retention (a turn longer than the bound keeps its leading blocks), so a
-flood of sessions cannot pin the cache.
+flood of sessions cannot pin the cache. Their blocks rejoin the one-shot queue at its new end,
+not its front: they may be as hot as anything (a system prompt that every request of a
+session-keyed workload shares), and at the front they went before older one-shots, which cost
+the shared-prefix benchmark 12.7 points of hit rate (bench/RESULTS.md).
 """
 
 import time
@@ -42,24 +45,36 @@ class SessionRetention:
     def is_retained(self, block_hash: BlockHash) -> bool:
         return block_hash in self._refs
 
-    def record_turn(self, session: str, hashes: list[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
-        """Make ``hashes`` the session's latest turn; returns (hashes no longer retained, newly retained)."""
-        released: list[BlockHash] = []
+    def record_turn(
+        self, session: str, hashes: list[BlockHash]
+    ) -> tuple[list[BlockHash], list[BlockHash], list[BlockHash]]:
+        """Make ``hashes`` the session's latest turn.
+
+        Returns (hashes no longer retained because they are stale: the session's previous turn or
+        expired sessions; hashes no longer retained because the bound pushed their sessions out;
+        newly retained hashes). The second kind may still be hot (a shared system prompt of a
+        session seen a moment before): they must not jump the eviction queue.
+        """
+        stale: list[BlockHash] = []
         old = self._turns.pop(session, None)
         if old is not None:
-            released.extend(self._unref(old[1]))
+            stale.extend(self._unref(old[1]))
         kept = tuple(hashes[: self.max_blocks])
         added = [block_hash for block_hash in kept if self._refs.get(block_hash, 0) == 0]
         for block_hash in kept:
             self._refs[block_hash] = self._refs.get(block_hash, 0) + 1
         self._turns[session] = (self._clock(), kept)
-        released.extend(self.expire())
+        stale.extend(self.expire())
+        pushed_out: list[BlockHash] = []
         while len(self._refs) > self.max_blocks and len(self._turns) > 1:
             _, (_, oldest) = self._turns.popitem(last=False)
-            released.extend(self._unref(oldest))
-        released_set = set(released)
+            pushed_out.extend(self._unref(oldest))
         newly = [block_hash for block_hash in added if block_hash in self._refs]
-        return [block_hash for block_hash in released_set if block_hash not in self._refs], newly
+        return (
+            [block_hash for block_hash in set(stale) if block_hash not in self._refs],
+            [block_hash for block_hash in set(pushed_out) if block_hash not in self._refs],
+            newly,
+        )
 
     def expire(self) -> list[BlockHash]:
         """Drop sessions not seen for ``ttl_s``; returns the hashes they no longer retain."""

@@ -113,3 +113,19 @@ def test_without_sessions_eviction_stays_plain_lru() -> None:
     serve(manager, 2, list(range(300, 320)) + [0])
     assert cached(manager, older) == 0 and cached(manager, newer) == 2
     assert manager.num_retained_free_blocks == 0
+
+
+def test_a_session_the_bound_pushes_out_is_not_evicted_before_older_one_shots() -> None:
+    """Its blocks may be as hot as any (a system prompt many requests share): they rejoin the
+    evictable queue at its new end, not at its front, where plain LRU would never have put them."""
+    clock = Clock()
+    manager = BlockManager(12, BLOCK, MODEL, retention=SessionRetention(2, ttl_s=60, clock=clock))
+    one_shot = list(range(200, 208))
+    serve(manager, 0, one_shot + [0])
+    pushed = list(range(100, 108))
+    serve(manager, 1, pushed + [0], session="a")
+    serve(manager, 2, list(range(400, 408)) + [0], session="b")  # over the bound of 2: "a" loses retention
+    assert manager.num_retained_free_blocks == 2
+    serve(manager, 3, list(range(300, 328)) + [0])  # needs 8 blocks: 6 empty + 2 evicted
+    assert cached(manager, one_shot) == 0, "the older one-shot goes first, as under plain LRU"
+    assert cached(manager, pushed) == 2
