@@ -88,7 +88,9 @@ def fleet_state() -> list:
 
 
 def test_in_a_large_fleet_a_root_few_replicas_hold_pulls_one_shots_onto_them_by_tokens_alone() -> None:
-    decision = root_held_by_few(min_match_fraction=0.0).route(prompt_request(0, 1400, request_id="one-shot"), fleet_state())
+    decision = root_held_by_few(min_match_fraction=0.0).route(
+        prompt_request(0, 1400, request_id="one-shot"), fleet_state()
+    )
     assert decision.backend in FLEET[:3] and decision.reason == "prefix-hit", "the behaviour min_match_fraction fixes"
 
 
