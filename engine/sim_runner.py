@@ -1,8 +1,14 @@
 """A cost-model runner: the engine's scheduler and block manager with simulated forward passes.
 
-It sleeps as long as the real model would take for the step and returns pseudo tokens from a
+It paces each step to the time the real model would take and returns pseudo tokens from a
 cycle of ordinary words, so replicas behave like real ones (timing, cache hits, events) at a
 fraction of the CPU. It never imports torch.
+
+The modelled time is a step's whole wall time, from the end of the previous step to the end of
+this one: the engine's own Python work in between (scheduling, streaming tokens out, KV events)
+is part of it, not added on top. So a step of back-to-back work takes max(modelled, the engine's
+own time), and ``bench simulate``, whose steps take exactly the modelled time, agrees with a
+``--sim`` replica whenever the engine's CPU keeps up with the model.
 
 Because it is a cost model and not a model, what it returns beyond tokens is fake but
 well-formed, so that every endpoint can be exercised against it: logprobs are fixed values
@@ -12,6 +18,7 @@ and penalties, logit bias and seeds do not change its (deterministic) output.
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -95,15 +102,32 @@ SIM_PRESETS: dict[str, SimCosts] = {"smollm2-cpu": SMOLLM2_CPU, "instant": SimCo
 class SimRunner:
     """Implements ``ModelRunner`` with ``SimCosts`` and a fixed cycle of word tokens."""
 
-    def __init__(self, block_size: int, num_blocks: int, costs: SimCosts, word_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        costs: SimCosts,
+        word_token_ids: list[int],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.costs = costs
         self.word_token_ids = word_token_ids
+        self._clock = clock
+        self._sleep = sleep
         self._logprobs: dict[int, TokenLogprobs] = {}
+        self._live: set[int] = set()
+        """Sequences executed and not yet released: while any is left the engine has had work since
+        the last step, so the next step starts where the last one ended."""
+        self._last_step_end: float | None = None
+        self._pending_transfer_s = 0.0
 
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        time.sleep(self.costs.step_seconds(chunks))
+        self._pace(self.costs.step_seconds(chunks) + self._pending_transfer_s)
+        self._pending_transfer_s = 0.0
+        self._live.update(chunk.seq_id for chunk in chunks)
         tokens = [self._word_token(chunk) if chunk.sample else None for chunk in chunks]
         self._logprobs = {
             chunk.seq_id: self._fake_logprobs(token, chunk.sampling.logprobs)
@@ -136,8 +160,18 @@ class SimRunner:
         return self.word_token_ids[(chunk.start_pos + len(chunk.token_ids)) % len(self.word_token_ids)]
 
     def transfer(self, transfers: list[BlockTransfer]) -> None:
-        """Host-tier copies take their bandwidth's time; there is no KV to move."""
-        time.sleep(len(transfers) * self.block_size * self.costs.host_copy_per_token_s)
+        """Host-tier copies take their bandwidth's time, paid with the next step; there is no KV to move."""
+        self._pending_transfer_s += len(transfers) * self.block_size * self.costs.host_copy_per_token_s
 
     def release(self, seq_id: int) -> None:
-        """The cost model keeps no per-sequence state."""
+        self._live.discard(seq_id)
+
+    def _pace(self, seconds: float) -> None:
+        """Sleep until the step ends ``seconds`` after its start: the end of the previous step when
+        the engine has worked since (a sequence of it is still live), else now (it was idle)."""
+        now = self._clock()
+        start = self._last_step_end if self._live and self._last_step_end is not None else now
+        end = start + seconds
+        if end > now:
+            self._sleep(end - now)
+        self._last_step_end = max(end, now)
