@@ -19,6 +19,7 @@ from bench.contenders import MODEL, contenders_for
 from bench.processes import REPO
 from bench.report import ContenderRow, summarize, write_report
 from bench.runner import bound_prompt
+from bench.sim_compare import compare_with_run
 from bench.simulate import SimFleet, VirtualFleet
 from bench.text_vocab import round_trip_vocab
 from bench.workloads import WORKLOADS, with_overrides
@@ -73,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
     parser.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/out/simulate/WORKLOAD)")
+    parser.add_argument(
+        "--compare-with-run",
+        type=Path,
+        metavar="REPORT_JSON",
+        help="a `bench run` report.json of the same workload: print the simulation beside it (issue 13's check)",
+    )
     return parser
 
 
@@ -149,4 +156,6 @@ def main(argv: list[str]) -> int:
     title = f"{args.workload} (simulated, {args.preset}), {fleet.replicas} replicas x {fleet.num_blocks} blocks"
     print(write_report(out_dir, title, rows, loads, bounds, args.ttft_slo, {}, meta))
     print(f"report: {out_dir}/report.md, report.json, hit_rate.png, ttft_cdf.png")
+    if args.compare_with_run is not None:
+        print(compare_with_run(args.compare_with_run, rows, loads))
     return 0
