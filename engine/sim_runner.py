@@ -168,10 +168,13 @@ class SimRunner:
 
     def _pace(self, seconds: float) -> None:
         """Sleep until the step ends ``seconds`` after its start: the end of the previous step when
-        the engine has worked since (a sequence of it is still live), else now (it was idle)."""
+        the engine has worked since (a sequence of it is still live), else now (it was idle).
+
+        A step that the engine already outlasted still sleeps zero seconds: like a real runner
+        inside its kernels, every step lets go of the GIL, so the engine's event loop (requests
+        in, tokens out) is not starved while the engine thread runs steps back to back."""
         now = self._clock()
         start = self._last_step_end if self._live and self._last_step_end is not None else now
         end = start + seconds
-        if end > now:
-            self._sleep(end - now)
+        self._sleep(max(end - now, 0.0))
         self._last_step_end = max(end, now)
