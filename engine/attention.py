@@ -5,6 +5,9 @@ one batched call, keys padded to the longest context and masked), then each mult
 (prefill, attended one chunk at a time). A query at position ``p`` sees keys ``0 .. p`` (within
 the sliding window if the model has one): the causal mask is aligned bottom-right, since a
 chunk's queries start at ``start_pos`` while its keys start at 0.
+
+On CPU in bfloat16, multi-token chunks are attended by ``engine.matmul_attention`` (batched
+matmuls tile by tile, 2.5-3x faster there than the CPU flash kernel); everywhere else by SDPA.
 """
 
 from dataclasses import dataclass
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 
 from engine.flashinfer_attention import FlashInferAttention
 from engine.kv_cache import PagedKVCache
+from engine.matmul_attention import QueryTile, query_tiles, tiled_attention
 from engine.runner_api import SeqChunk
 from radix.blocks import blocks_for
 
@@ -43,6 +47,8 @@ class PrefillChunk:
     mask: torch.Tensor | None
     """``[queries, context_len]``; None when plain causal attention over the chunk's own keys is exact
     (nothing cached before it, no window cut)."""
+    tiles: list[QueryTile] | None = None
+    """Set when the chunk is attended by matmuls (``engine.matmul_attention``) instead of SDPA."""
 
 
 @dataclass
@@ -63,10 +69,13 @@ class AttentionMetadata:
         window: int | None,
         device: torch.device,
         flashinfer: FlashInferAttention | None = None,
+        matmul_prefill: bool = False,
     ) -> "AttentionMetadata":
         """Metadata for flat tokens laid out as ``decodes`` (one token each) then ``prefills``.
 
         With ``flashinfer``, plans it for the step instead of building the portable path's tables.
+        With ``matmul_prefill`` (see ``prefers_matmul_prefill``), multi-token chunks are attended
+        by matmuls.
         """
         slots: list[int] = []
         for chunk in decodes + prefills:
@@ -82,8 +91,17 @@ class AttentionMetadata:
         return cls(
             slots=slot_tensor,
             decode=_decode_group(decodes, block_size, window, device) if decodes else None,
-            prefills=_prefill_chunks(len(decodes), prefills, block_size, window, device),
+            prefills=_prefill_chunks(len(decodes), prefills, block_size, window, device, matmul_prefill),
         )
+
+
+def prefers_matmul_prefill(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether multi-token chunks are faster attended by matmuls than by SDPA.
+
+    Measured on CPU (``bench/VLLM.md``, section 0): bfloat16 2.5-3x faster; float32 on par (its
+    ``bmm`` is no faster than the flash kernel there), so float32 keeps SDPA. CUDA keeps SDPA.
+    """
+    return device.type == "cpu" and dtype == torch.bfloat16
 
 
 def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -108,19 +126,26 @@ def _decode_group(decodes: list[SeqChunk], block_size: int, window: int | None, 
 
 
 def _prefill_chunks(
-    first_token: int, prefills: list[SeqChunk], block_size: int, window: int | None, device: torch.device
+    first_token: int,
+    prefills: list[SeqChunk],
+    block_size: int,
+    window: int | None,
+    device: torch.device,
+    matmul: bool,
 ) -> list[PrefillChunk]:
     result = []
     begin = first_token
     for chunk in prefills:
         count = len(chunk.token_ids)
         context_len = chunk.start_pos + count
-        mask = None
-        if chunk.start_pos > 0 or (window is not None and context_len > window):
+        mask = tiles = None
+        if matmul:
+            tiles = query_tiles(chunk.start_pos, count, window, device)
+        elif chunk.start_pos > 0 or (window is not None and context_len > window):
             query_pos = torch.arange(chunk.start_pos, context_len, device=device)[:, None]
             mask = _visible(query_pos, torch.arange(context_len, device=device)[None, :], window)
         table = torch.tensor(chunk.block_table[: blocks_for(context_len, block_size)], device=device)
-        result.append(PrefillChunk(begin, begin + count, table, context_len, mask))
+        result.append(PrefillChunk(begin, begin + count, table, context_len, mask, tiles))
         begin += count
     return result
 
@@ -155,11 +180,14 @@ def paged_attention(
         ).view(size, -1, query.shape[-1])
     for chunk in metadata.prefills:
         span = slice(chunk.begin, chunk.end)
-        if chunk.mask is None:
+        if chunk.mask is None and chunk.context_len == chunk.end - chunk.begin:
             keys, values = key[span], value[span]
         else:
             keys, values = cache.read(layer, chunk.block_table)
             keys, values = keys[: chunk.context_len], values[: chunk.context_len]
+        if chunk.tiles is not None:
+            out[span] = tiled_attention(query[span], keys, values, chunk.tiles)
+            continue
         out[span] = F.scaled_dot_product_attention(
             query[None, span].transpose(1, 2),
             keys[None].transpose(1, 2),

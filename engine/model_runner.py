@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, prefers_matmul_prefill
 from engine.flashinfer_attention import FlashInferAttention, select_backend
 from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
@@ -81,6 +81,7 @@ class TorchModelRunner:
                 self.model.sliding_window,
                 self.device,
             )
+        self.matmul_prefill = prefers_matmul_prefill(self.device, compute_dtype)
         self.sampler = Sampler(self.device)
         self._logprobs: dict[int, TokenLogprobs] = {}
 
@@ -107,7 +108,13 @@ class TorchModelRunner:
         ordered = [chunks[index] for index in order]
         decodes = [chunk for chunk in ordered if len(chunk.token_ids) == 1]
         metadata = AttentionMetadata.build(
-            decodes, ordered[len(decodes) :], self.block_size, self.model.sliding_window, self.device, self.flashinfer
+            decodes,
+            ordered[len(decodes) :],
+            self.block_size,
+            self.model.sliding_window,
+            self.device,
+            self.flashinfer,
+            self.matmul_prefill,
         )
         token_ids = [token for chunk in ordered for token in chunk.token_ids]
         positions = [pos for chunk in ordered for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids))]

@@ -8,7 +8,7 @@ blocks from (or adds blocks to) the engine's prefix cache.
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, prefers_matmul_prefill
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.lora_batch import LoRABatch
@@ -28,7 +28,8 @@ def last_token_embedding(
     shape = KVCacheShape(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim)
     cache = PagedKVCache(shape, compute_dtype, compute_dtype, device)
     chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
-    metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device)
+    matmul = prefers_matmul_prefill(device, compute_dtype)
+    metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device, None, matmul)
     positions = torch.arange(len(token_ids), device=device)
     hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata, lora)
     last = hidden[-1].float()
