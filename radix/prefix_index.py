@@ -33,7 +33,9 @@ capacity // 64`` blocks (``eviction_target``).
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
 insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops, and
 ``insert`` takes one ``setdefault`` per block in the node table (a lookup and, for a new block,
-its insertion in one probe).
+its insertion in one probe). ``match_prefix`` returns a handle (``PrefixMatch``) with which
+``insert`` skips the node-table lookups for the prefix the match saw the replica hold; it is
+trusted only while no replica bit has left a node since (``_generation``) and for the same chain.
 
 Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
 tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
