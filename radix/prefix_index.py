@@ -33,7 +33,9 @@ capacity // 64`` blocks (``eviction_target``).
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
 insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops, and
 ``insert`` takes one ``setdefault`` per block in the node table (a lookup and, for a new block,
-its insertion in one probe).
+its insertion in one probe). ``match_prefix`` returns a handle (``PrefixMatch``) with which
+``insert`` skips the node-table lookups for the prefix the match saw the replica hold; it is
+trusted only while no replica bit has left a node since (``_generation``) and for the same chain.
 
 Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
 tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
@@ -83,6 +85,22 @@ class _Touch:
         return list(compress(self.chain, map(eq, map(stamp.get, self.chain), repeat(self.seq))))
 
 
+class PrefixMatch:
+    """What ``match_prefix`` found, for ``insert`` to reuse: how far each replica holds the chain.
+
+    ``insert`` trusts it only while the index has dropped no block since (``generation``) and the
+    chain still starts with ``prefix``; otherwise it does the full lookups, so a stale handle
+    costs time, never correctness.
+    """
+
+    __slots__ = ("depths", "prefix", "generation")
+
+    def __init__(self, depths: dict[str, int], prefix: list[BlockHash], generation: int) -> None:
+        self.depths = depths
+        self.prefix = prefix
+        self.generation = generation
+
+
 class PrefixIndex:
     """Per-replica prefix index with bounded memory; all methods are synchronous and O(blocks)."""
 
@@ -100,6 +118,7 @@ class PrefixIndex:
         "_on_host",
         "_host_only",
         "_seq",
+        "_generation",
         "max_blocks",
         "evictions",
     )
@@ -123,6 +142,8 @@ class PrefixIndex:
         self._host_only: dict[BlockHash, int] = {}
         """Replicas holding the block in host memory only: a hit there is a copy back."""
         self._seq = 0
+        self._generation = 0
+        """Bumped whenever a replica's bit leaves a node: a ``PrefixMatch`` from before may be wrong."""
         self.max_blocks = max_blocks
         """Global cap on nodes: a memory safety net above the per-replica capacities."""
         self.evictions = 0
@@ -180,16 +201,20 @@ class PrefixIndex:
         return len(self._stamp[self._slot[replica]])
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
-        """Longest cached prefix, in blocks, per replica holding at least the first block.
+        """Longest cached prefix, in blocks, per replica holding at least the first block."""
+        return self.match_prefix(hashes).depths
+
+    def match_prefix(self, hashes: Sequence[BlockHash]) -> PrefixMatch:
+        """``match``, as a handle that ``insert`` can reuse to skip the lookups of the held prefix.
 
         One walk down the chain for all replicas, in C: the running AND of the blocks' masks
         (stopping at the first block nobody holds) is the set of replicas still matching at
         each depth. Those sets only shrink, so a replica's match length is a binary search.
         """
         running = list(takewhile(bool, accumulate(map(self._holders.get, hashes, repeat(0)), and_)))
-        if not running:
-            return {}
         matched: dict[str, int] = {}
+        if not running:
+            return PrefixMatch(matched, [], self._generation)
         names = self._names
         mask = running[0]
         last = running[-1]
@@ -198,7 +223,7 @@ class PrefixIndex:
             mask ^= bit
             depth = len(running) if last & bit else bisect_left(running, True, key=lambda held: not held & bit)
             matched[names[bit.bit_length() - 1]] = depth
-        return matched
+        return PrefixMatch(matched, list(hashes[: len(running)]), self._generation)
 
     def host_blocks(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
         """Of each replica's matched prefix (``match``'s result), the blocks it holds only on host.
@@ -216,12 +241,16 @@ class PrefixIndex:
                 counts[replica] = count
         return counts
 
-    def insert(self, replica: str, hashes: list[BlockHash], now: float, on_host: bool = False) -> None:
+    def insert(
+        self, replica: str, hashes: list[BlockHash], now: float, on_host: bool = False, found: PrefixMatch | None = None
+    ) -> None:
         """Record that ``replica`` holds the chain ``hashes`` (from the root), used at ``now``.
 
         Blocks are touched leaf to root (invariant I1). A chain longer than the replica's
         capacity keeps its first ``capacity`` blocks, as the engine's cache would. ``on_host``:
         the blocks are (also) in the replica's host-memory tier, not (only) on its device.
+        ``found``: ``match_prefix(hashes)`` from before; the prefix it saw ``replica`` hold
+        is not looked up in the node table again (a stale one is ignored).
         """
         slot = self._slot[replica]
         capacity = self._capacity[slot]
@@ -229,14 +258,20 @@ class PrefixIndex:
             hashes = hashes[:capacity]
         if not hashes:
             return
+        held = 0
+        if found is not None and found.generation == self._generation and not on_host:
+            held = min(found.depths.get(replica, 0), len(hashes))
+            if held and hashes[:held] != found.prefix[:held]:
+                held = 0
         bit = self._bits[slot]
         holders = self._holders
         leaf_first = hashes[::-1]
-        masks = list(map(holders.setdefault, leaf_first, repeat(bit)))
+        fresh = leaf_first[: len(leaf_first) - held] if held else leaf_first
+        masks = list(map(holders.setdefault, fresh, repeat(bit)))
         if not all(map(and_, masks, repeat(bit))):
             joining = list(map(not_, map(and_, masks, repeat(bit))))
             joined = map(or_, compress(masks, joining), repeat(bit))
-            holders.update(zip(compress(leaf_first, joining), joined, strict=True))
+            holders.update(zip(compress(fresh, joining), joined, strict=True))
         stamp = self._stamp[slot]
         if on_host:
             self._mark_on_host(leaf_first, [block not in stamp for block in leaf_first], bit)
@@ -344,6 +379,7 @@ class PrefixIndex:
         assert self.max_blocks is None or len(self._holders) <= self.max_blocks
 
     def _drop(self, block_hash: BlockHash, bit: int) -> None:
+        self._generation += 1
         mask = self._holders[block_hash] & ~bit
         if mask:
             self._holders[block_hash] = mask

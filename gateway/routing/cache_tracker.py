@@ -24,7 +24,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.replica_spec import ReplicaSpec
 from radix.kv_event_ingest import KVEventApplier
 from radix.kv_event_subscriber import KVEventSubscriber, SubscriberStats
-from radix.prefix_index import PrefixIndex
+from radix.prefix_index import PrefixIndex, PrefixMatch
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,18 @@ class CacheTracker:
 
     def match(self, hashes: list[int]) -> dict[str, int]:
         """Blocks of ``hashes`` each replica holds as a prefix (speculative entries included)."""
-        matched = self.index.match(hashes)
+        return self.match_prefix(hashes)[0]
+
+    def match_prefix(self, hashes: list[int]) -> tuple[dict[str, int], PrefixMatch]:
+        """``match``, with the main index's handle for ``record_routed`` to reuse."""
+        found = self.index.match_prefix(hashes)
+        matched = dict(found.depths)
         if len(self.speculative):
             self._expire_speculative()
             for replica, blocks in self.speculative.match(hashes).items():
                 if blocks > matched.get(replica, 0):
                     matched[replica] = blocks
-        return matched
+        return matched, found
 
     def host_blocks(self, hashes: list[int], matched: dict[str, int]) -> dict[str, int]:
         """Of each replica's matched blocks (``match``'s result), those only in its host tier."""
@@ -105,9 +110,12 @@ class CacheTracker:
                 priced[replica] = tokens - round(min(blocks * self.block_size, tokens) * cost)
         return priced
 
-    def record_routed(self, hashes: list[int], replica: str) -> None:
-        target = self.speculative if self.is_precise(replica) else self.index
-        target.insert(replica, hashes, self._clock())
+    def record_routed(self, hashes: list[int], replica: str, found: PrefixMatch | None = None) -> None:
+        """``found``: ``match_prefix``'s handle for ``hashes``, which spares the index the lookups it made."""
+        if self.is_precise(replica):
+            self.speculative.insert(replica, hashes, self._clock())
+        else:
+            self.index.insert(replica, hashes, self._clock(), found=found)
 
     def record_pending(self, replica: str, chains: list[list[bytes]]) -> None:
         """The replica says it is about to cache these prompts' blocks (kvgate hashes, from the root):

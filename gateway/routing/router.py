@@ -19,6 +19,7 @@ from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
+from radix.prefix_index import PrefixMatch
 
 __all__ = ["ReplicaSpec", "Router"]
 
@@ -32,6 +33,8 @@ MAX_PENDING = 65536
 class _Pending:
     matched_blocks: dict[str, int]
     cached: dict[str, int]
+    found: PrefixMatch
+    """The index's match, which ``on_routed`` hands back to spare the insert its lookups."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Router:
         With late binding on and ``may_hold``, a load spill worth waiting out comes back with
         ``decision.hold`` set (gateway/routing/late_binding.py)."""
         candidates = sorted(replicas, key=lambda replica: replica.name)
-        matched = self.tracker.match(request.block_hashes)
+        matched, found = self.tracker.match_prefix(request.block_hashes)
         prompt = request.prompt_tokens
         cached = {
             name: cached_tokens(blocks, prompt, self.block_size, self.tracker.engine_block_size(name))
@@ -86,7 +89,7 @@ class Router:
         indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
         ctx = RouteContext(request, candidates, priced, indexed, self.config)
         ranked = self.policy.rank(ctx)
-        self._remember(request.request_id, _Pending(matched, cached))
+        self._remember(request.request_id, _Pending(matched, cached, found))
         chosen = ranked[0]
         reason = self.policy.reason(ctx, chosen)
         late = self.config.late_binding
@@ -97,7 +100,8 @@ class Router:
 
     def on_routed(self, request: RouteRequest, backend: str) -> None:
         if backend in self._names:
-            self.tracker.record_routed(request.block_hashes, backend)
+            pending = self._pending.get(request.request_id)
+            self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 
     def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:
         pending = self._pending.pop(request.request_id, None)

@@ -218,3 +218,126 @@ def test_touch_log_stays_bounded_when_old_prefixes_come_back(monkeypatch: pytest
         index.insert("a", hashes, float(now))
         assert index._log_refs[0] <= prefix_index.COMPACT_RATIO * index.blocks("a")
     index.check_integrity()
+
+
+class HandleMachine(RuleBasedStateMachine):
+    """``insert`` with a ``match_prefix`` handle, fresh, stale or for another chain, leaves the
+    index exactly as a plain ``insert`` does (both indexes see the same operations)."""
+
+    @initialize(
+        capacities=st.tuples(*[st.one_of(st.none(), st.integers(1, 12)) for _ in REPLICAS]),
+        max_blocks=st.one_of(st.none(), st.integers(4, 30)),
+    )
+    def setup(self, capacities: tuple[int | None, ...], max_blocks: int | None) -> None:
+        self.plain = PrefixIndex(max_blocks)
+        self.handled = PrefixIndex(max_blocks)
+        self.handles: list[tuple[list[int], prefix_index.PrefixMatch]] = []
+        self.now = 0.0
+        for replica, capacity in zip(REPLICAS, capacities, strict=False):
+            self.plain.add_replica(replica, capacity)
+            self.handled.add_replica(replica, capacity)
+
+    @rule(replica=st.sampled_from(REPLICAS), tokens=PROMPTS)
+    def insert(self, replica: str, tokens: list[int]) -> None:
+        self.now += 1.0
+        self.plain.insert(replica, chain(tokens), self.now)
+        self.handled.insert(replica, chain(tokens), self.now)
+
+    @rule(tokens=PROMPTS)
+    def take_handle(self, tokens: list[int]) -> None:
+        hashes = chain(tokens)
+        found = self.handled.match_prefix(hashes)
+        assert found.depths == self.plain.match(hashes)
+        self.handles.append((hashes, found))
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        replica=st.sampled_from(REPLICAS),
+        owner=st.booleans(),
+        pick=st.integers(0, 9),
+        other=st.one_of(st.none(), PROMPTS),
+        on_host=st.booleans(),
+    )
+    def insert_with_handle(self, replica: str, owner: bool, pick: int, other: list[int] | None, on_host: bool) -> None:
+        """``owner``: under the replica that matched most, as routing does; ``other``: insert a
+        different chain than the handle matched (a misused handle)."""
+        hashes, found = self.handles.pop(pick % len(self.handles))
+        if owner and found.depths:
+            replica = max(found.depths, key=found.depths.__getitem__)
+        if other is not None:
+            hashes = chain(other)
+        self.now += 1.0
+        self.plain.insert(replica, list(hashes), self.now, on_host)
+        self.handled.insert(replica, hashes, self.now, on_host, found=found)
+
+    @rule(replica=st.sampled_from(REPLICAS), tokens=PROMPTS, start=st.integers(0, 6))
+    def remove(self, replica: str, tokens: list[int], start: int) -> None:
+        self.plain.remove(replica, chain(tokens)[start:])
+        self.handled.remove(replica, chain(tokens)[start:])
+
+    @rule(replica=st.sampled_from(REPLICAS), tokens=PROMPTS, start=st.integers(0, 6))
+    def insert_after_remove(self, replica: str, tokens: list[int], start: int) -> None:
+        """The commonest stale handle: part of the matched prefix is dropped before the insert."""
+        hashes = chain(tokens)
+        found = self.handled.match_prefix(hashes)
+        self.remove(replica, tokens, start)
+        self.now += 1.0
+        self.plain.insert(replica, hashes, self.now)
+        self.handled.insert(replica, hashes, self.now, found=found)
+
+    @rule(replica=st.sampled_from(REPLICAS), capacity=st.one_of(st.none(), st.integers(1, 12)))
+    def replace_replica(self, replica: str, capacity: int | None) -> None:
+        for index in (self.plain, self.handled):
+            index.remove_replica(replica)
+            index.add_replica(replica, capacity)
+
+    @rule(replica=st.sampled_from(REPLICAS), back=st.floats(0, 3))
+    def expire(self, replica: str, back: float) -> None:
+        assert self.plain.expire(replica, self.now - back) == self.handled.expire(replica, self.now - back)
+
+    @rule(tokens=PROMPTS, other=PROMPTS)
+    def insert_other_chain(self, tokens: list[int], other: list[int]) -> None:
+        """A misused handle: the owner of one chain's match inserts another chain with it."""
+        found = self.handled.match_prefix(chain(tokens))
+        if not found.depths:
+            return
+        owner = max(found.depths, key=found.depths.__getitem__)
+        self.now += 1.0
+        self.plain.insert(owner, chain(other), self.now)
+        self.handled.insert(owner, chain(other), self.now, found=found)
+
+    @invariant()
+    def same_state(self) -> None:
+        self.handled.check_integrity()
+        self.plain.check_integrity()
+        for replica in REPLICAS:
+            assert list(self.handled.lru_order(replica)) == list(self.plain.lru_order(replica))
+        assert self.handled._holders == self.plain._holders
+        assert self.handled._on_host == self.plain._on_host
+        assert self.handled._host_only == self.plain._host_only
+
+
+HandleMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestInsertWithHandleEqualsPlainInsert = HandleMachine.TestCase
+
+
+def test_insert_with_handle_skips_the_held_prefix_lookups() -> None:
+    """The handle is used, not just tolerated: the held prefix is not looked up again."""
+    index = PrefixIndex()
+    index.add_replica("a")
+    hashes = chain([1, 2] * 8)
+    index.insert("a", hashes[:4], 1.0)
+    found = index.match_prefix(hashes)
+    assert found.depths == {"a": 4}
+
+    class CountingDict(dict[int, int]):
+        looked_up: list[int] = []
+
+        def setdefault(self, key: int, default: int) -> int:
+            self.looked_up.append(key)
+            return super().setdefault(key, default)
+
+    index._holders = CountingDict(index._holders)
+    index.insert("a", hashes, 2.0, found=found)
+    assert sorted(CountingDict.looked_up) == sorted(hashes[4:])
+    index.check_integrity()
