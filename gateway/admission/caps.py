@@ -50,12 +50,7 @@ class RequestCaps:
     ) -> TokenGrant:
         """Reject (400) or clamp; ``default`` is what a request without max_tokens is assumed to need."""
         caps = self._caps(model, tenant_caps)
-        if caps.max_prompt_tokens is not None and prompt_tokens > caps.max_prompt_tokens:
-            raise bad_request(
-                f"This request has {prompt_tokens} prompt tokens; the limit for '{model}' is {caps.max_prompt_tokens}.",
-                param="messages",
-                code="prompt_too_long",
-            )
+        _check_prompt_cap(caps, model, prompt_tokens, "prompt", "messages")
         context = caps.context_length or self.reported_context(model)
         if context is not None and prompt_tokens >= context:
             raise _context_exceeded(model, context, prompt_tokens, None)
@@ -78,12 +73,7 @@ class RequestCaps:
     def check_prompt(self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, longest_input: int) -> None:
         """The prompt caps alone, for requests that generate nothing (embeddings): 400 when over."""
         caps = self._caps(model, tenant_caps)
-        if caps.max_prompt_tokens is not None and prompt_tokens > caps.max_prompt_tokens:
-            raise bad_request(
-                f"This request has {prompt_tokens} input tokens; the limit for '{model}' is {caps.max_prompt_tokens}.",
-                param="input",
-                code="prompt_too_long",
-            )
+        _check_prompt_cap(caps, model, prompt_tokens, "input", "input")
         context = caps.context_length or self.reported_context(model)
         if context is not None and longest_input > context:
             raise bad_request(
@@ -117,3 +107,13 @@ def _context_exceeded(model: str, context: int, prompt_tokens: int, max_tokens: 
         param="messages",
         code="context_length_exceeded",
     )
+
+
+def _check_prompt_cap(caps: TokenCaps, model: str, prompt_tokens: int, noun: str, param: str) -> None:
+    """400 ``prompt_too_long`` when ``prompt_tokens`` is over the model's prompt cap."""
+    if caps.max_prompt_tokens is not None and prompt_tokens > caps.max_prompt_tokens:
+        raise bad_request(
+            f"This request has {prompt_tokens} {noun} tokens; the limit for '{model}' is {caps.max_prompt_tokens}.",
+            param=param,
+            code="prompt_too_long",
+        )
