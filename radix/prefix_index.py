@@ -3,39 +3,46 @@
 Structure, and why not pygtrie. A block hash already names its whole prefix (it chains its
 parent's hash), so a tree node is fully identified by its hash: the child of node ``p`` for the
 next block is simply the node whose key is that block's hash. The tree is therefore stored flat,
-one hash-table entry per node (``hash -> bitmask of replicas holding it``), and a
-longest-prefix match walks the request's own hash chain, one O(1) lookup per block, for all
-replicas at once (the bitmask narrows as replicas drop out). pygtrie (pure Python) would key
-each node by the *path* of hashes and keep a child dict plus a node object per block: several
-times the memory and a slower walk, for parent/child links this index never needs. pygtrie is
-not used.
+one hash-table entry per node (``hash -> node id``), and a longest-prefix match walks the
+request's own hash chain, one O(1) lookup per block, for all replicas at once (the bitmask of
+replicas holding each node narrows as replicas drop out). pygtrie (pure Python) would key each
+node by the *path* of hashes and keep a child dict plus a node object per block: several times
+the memory and a slower walk, for parent/child links this index never needs. pygtrie is not used.
+
+Nodes by id. The node table gives each node a small integer id; everything else about a node
+lives in arrays indexed by that id: ``_mask`` (replica bitmask, a list of Python ints, so any
+number of replicas), ``_hash`` (for deleting it), and one holder's LRU stamp inline
+(``_inline_slot``, ``_inline_seq``: numpy arrays). A block therefore costs one hash-table lookup
+per match and insert; the stamp of the replica that holds it (the common case: the first holder
+of a node keeps its stamp inline) is read and written for a whole chain at once by numpy
+fancy indexing, not by one more hash-table lookup per block. Other holders' stamps live in one
+small dict per replica keyed by node id (``_other_seq``). Ids of dropped nodes are reused; a
+reused id cannot revive a stale log reference because sequence numbers are never reused.
 
 Leaves-first LRU eviction without child links. Blocks are only ever inserted or touched as
 whole chains from the root, leaf to root, so every block is more recently used than all its
 descendants held by the same replica (invariant I1): evicting the least recently used block
 always removes a leaf of that replica's subtree, like an engine's free-block queue.
 
-The LRU order is kept as a touch log, not by moving entries. Each replica has ``stamp: hash ->
-sequence number of its latest touch`` and a log of touches in order, each ``(seq, now, chain
-leaf first)``. A block's place in the order is its entry in the touch that last stamped it;
-its older log entries are stale and skipped. Touching a held block is then one in-place dict
-store instead of a delete and a re-insert (a third of the dict operations of ``insert``, and
-the ones that missed the CPU cache most). Eviction walks the log from its oldest touch. Stale
-references are dropped as eviction passes them, and the log is compacted when it holds more
-than ``COMPACT_RATIO`` times as many references as the replica holds blocks, so memory stays
-bounded for a replica that never fills up. Compaction visits only the touches that hold stale
-references (``insert`` and ``remove`` note whose blocks they re-stamp or drop), not the whole
-log: each request leaves a touch holding its own tail, so the log holds thousands of small
-touches, and walking them all every hundred requests cost ~70 us a request on the overhead
-workload (bench/RESULTS.md, issue 12). Eviction works in batches, down to ``capacity -
-capacity // 64`` blocks (``eviction_target``).
+The LRU order is kept as a touch log, not by moving entries. Each (replica, node) has a stamp,
+the sequence number of the replica's latest touch of it (0: not held), and each replica has a
+log of touches in order, each ``(seq, now, node ids leaf first)``. A block's place in the order
+is its entry in the touch that last stamped it; its older log entries are stale and skipped.
+Eviction walks the log from its oldest touch. Stale references are dropped as eviction passes
+them, and the log is compacted when it holds more than ``COMPACT_RATIO`` times as many
+references as the replica holds blocks, so memory stays bounded for a replica that never fills
+up. Compaction visits only the touches that hold stale references (``insert`` and ``remove``
+note whose blocks they re-stamp or drop), not the whole log: each request leaves a touch holding
+its own tail, so the log holds thousands of small touches (bench/RESULTS.md, issue 12).
+Eviction works in batches, down to ``capacity - capacity // 64`` blocks (``eviction_target``).
 
-Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths (match,
-insert) run as chains of C-level iterators (map/accumulate/zip) rather than Python loops, and
-``insert`` takes one ``setdefault`` per block in the node table (a lookup and, for a new block,
-its insertion in one probe). ``match_prefix`` returns a handle (``PrefixMatch``) with which
-``insert`` skips the node-table lookups for the prefix the match saw the replica hold; it is
-trusted only while no replica bit has left a node since (``_generation``) and for the same chain.
+Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths run as chains
+of C-level iterators (map/accumulate/zip) and numpy array operations rather than Python loops:
+``match_prefix`` one node-table ``get`` per block, ``insert`` one ``setdefault`` per block it did
+not see held. ``match_prefix`` returns a handle (``PrefixMatch``, with the node ids it found)
+with which ``insert`` skips the node-table lookups for the prefix the match saw the replica
+hold; it is trusted only while no replica bit has left a node since (``_generation``) and for
+the same chain.
 
 Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
 tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
@@ -46,7 +53,8 @@ without host tiers they stay empty and cost nothing.
 
 Invariants (``check_integrity``):
 - a node exists iff at least one replica holds it, and its mask has exactly the bits of the
-  replicas whose LRU order contains it;
+  replicas whose LRU order contains it; its inline stamp is one of those replicas'; a free id
+  has mask 0, no hash and no inline stamp;
 - each replica holds at most its capacity; the index holds at most ``max_blocks`` nodes;
 - each replica's blocks are in order of last use (I1 follows when ``now`` never decreases);
 - ``_host_only`` bits are ``_on_host`` bits, and ``_on_host`` bits are holder bits.
@@ -55,34 +63,37 @@ Invariants (``check_integrity``):
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, compress, repeat, takewhile
-from operator import and_, eq, not_, or_
+from itertools import accumulate, compress, islice, repeat, takewhile
+from operator import and_, eq, ne, not_
+
+import numpy as np
+import numpy.typing as npt
 
 BlockHash = int
+NodeIds = npt.NDArray[np.int32]
 
-BYTES_PER_NODE = 90
-"""A 128-bit int key (48 B) and its slot in the node table (~42 B)."""
-BYTES_PER_ENTRY = 58
-"""A slot in a replica's stamp dict (~42 B), its touch-log reference (8 B) and a share of a mask int."""
+BYTES_PER_NODE = 142
+"""A 128-bit int key (48 B), its node-table slot (~42 B), the id int (28 B) and the id's slots
+in ``_mask``, ``_hash``, ``_inline_slot`` and ``_inline_seq`` (24 B); measured by bench/index_cost.py."""
+BYTES_PER_ENTRY = 8
+"""Touch-log references (4 B each, about two per held block)."""
 COMPACT_RATIO = 2
+"""A replica's touch log is compacted when it references more than this many times its blocks."""
 COMPACT_FLOOR = 1024
 """References a replica's touch log may hold beyond ``COMPACT_RATIO`` times its blocks."""
-"""A replica's touch log is compacted when it references more than this many times its blocks."""
+NO_SLOT = -1
+"""``_inline_slot`` of a node whose inline stamp belongs to no replica."""
 
 
 class _Touch:
-    """One insert of a chain under a replica: the blocks it stamped with ``seq``, leaf first."""
+    """One insert of a chain under a replica: the nodes it stamped with ``seq``, leaf first."""
 
     __slots__ = ("seq", "now", "chain")
 
-    def __init__(self, seq: int, now: float, chain: list[BlockHash]) -> None:
+    def __init__(self, seq: int, now: float, chain: NodeIds) -> None:
         self.seq = seq
         self.now = now
         self.chain = chain
-
-    def live(self, stamp: dict[BlockHash, int]) -> list[BlockHash]:
-        """The blocks this touch is still the latest touch of, in LRU order."""
-        return list(compress(self.chain, map(eq, map(stamp.get, self.chain), repeat(self.seq))))
 
 
 class PrefixMatch:
@@ -90,14 +101,15 @@ class PrefixMatch:
 
     ``insert`` trusts it only while the index has dropped no block since (``generation``) and the
     chain still starts with ``prefix``; otherwise it does the full lookups, so a stale handle
-    costs time, never correctness.
+    costs time, never correctness. ``ids``: the node ids of at least ``prefix``.
     """
 
-    __slots__ = ("depths", "prefix", "generation")
+    __slots__ = ("depths", "prefix", "ids", "generation")
 
-    def __init__(self, depths: dict[str, int], prefix: list[BlockHash], generation: int) -> None:
+    def __init__(self, depths: dict[str, int], prefix: list[BlockHash], ids: list[int], generation: int) -> None:
         self.depths = depths
         self.prefix = prefix
+        self.ids = ids
         self.generation = generation
 
 
@@ -105,11 +117,17 @@ class PrefixIndex:
     """Per-replica prefix index with bounded memory; all methods are synchronous and O(blocks)."""
 
     __slots__ = (
-        "_holders",
+        "_nodes",
+        "_mask",
+        "_hash",
+        "_inline_slot",
+        "_inline_seq",
+        "_free",
         "_slot",
         "_names",
         "_bits",
-        "_stamp",
+        "_held",
+        "_other_seq",
         "_log",
         "_log_refs",
         "_touch_of",
@@ -124,11 +142,23 @@ class PrefixIndex:
     )
 
     def __init__(self, max_blocks: int | None = None) -> None:
-        self._holders: dict[BlockHash, int] = {}
+        self._nodes: dict[BlockHash, int] = {}
+        """Node table: block hash -> node id (ids start at 1; 0 means none)."""
+        self._mask: list[int] = [0]
+        """Node id -> bitmask of the replicas holding it (0: a free id)."""
+        self._hash: list[BlockHash | None] = [None]
+        self._inline_slot = np.full(1, NO_SLOT, np.int32)
+        """Node id -> the replica slot whose stamp is kept inline (``NO_SLOT``: none)."""
+        self._inline_seq = np.zeros(1, np.int64)
+        self._free: list[int] = []
+        """Free node ids, reused before new ones."""
         self._slot: dict[str, int] = {}
         self._names: list[str | None] = []
         self._bits: list[int] = []
-        self._stamp: list[dict[BlockHash, int]] = []
+        self._held: list[int] = []
+        """Blocks each replica holds."""
+        self._other_seq: list[dict[int, int]] = []
+        """Per replica, its stamps of the nodes whose inline stamp is another replica's."""
         self._log: list[deque[_Touch]] = []
         self._log_refs: list[int] = []
         """Block references in each replica's touch log, stale ones included."""
@@ -158,7 +188,8 @@ class PrefixIndex:
         if slot == len(self._names):
             self._names.append(None)
             self._bits.append(1 << slot)
-            self._stamp.append({})
+            self._held.append(0)
+            self._other_seq.append({})
             self._log.append(deque())
             self._log_refs.append(0)
             self._touch_of.append({})
@@ -185,20 +216,25 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         """Number of distinct indexed blocks (nodes)."""
-        return len(self._holders)
+        return len(self._nodes)
 
     @property
     def entries(self) -> int:
         """(replica, block) pairs: blocks counted once per replica holding them."""
-        return sum(len(stamp) for stamp in self._stamp)
+        return sum(self._held)
 
     def approx_bytes(self) -> int:
         """Memory held, from the per-node and per-entry costs that bench/index_cost.py measures."""
-        return len(self._holders) * BYTES_PER_NODE + self.entries * BYTES_PER_ENTRY
+        return len(self._nodes) * BYTES_PER_NODE + self.entries * BYTES_PER_ENTRY
 
     def blocks(self, replica: str) -> int:
         """Number of blocks ``replica`` holds."""
-        return len(self._stamp[self._slot[replica]])
+        return self._held[self._slot[replica]]
+
+    def node_masks(self) -> dict[BlockHash, int]:
+        """Every node's hash and replica bitmask (bit ``1 << slot``); for tests, O(nodes)."""
+        mask = self._mask
+        return {block_hash: mask[node] for block_hash, node in self._nodes.items()}
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Longest cached prefix, in blocks, per replica holding at least the first block."""
@@ -207,14 +243,38 @@ class PrefixIndex:
     def match_prefix(self, hashes: Sequence[BlockHash]) -> PrefixMatch:
         """``match``, as a handle that ``insert`` can reuse to skip the lookups of the held prefix.
 
-        One walk down the chain for all replicas, in C: the running AND of the blocks' masks
-        (stopping at the first block nobody holds) is the set of replicas still matching at
-        each depth. Those sets only shrink, so a replica's match length is a binary search.
+        One walk down the chain for all replicas: the running AND of the blocks' masks (stopping
+        at the first block nobody holds) is the set of replicas still matching at each depth.
+        Those sets only shrink, so a replica's match length is a binary search.
+
+        The walk looks up a block in the node table only where a run of consecutive node ids
+        ends: a chain's blocks created by one insert get consecutive ids, so from a block's id
+        the next blocks' ids are guessed and checked against ``_hash`` (a list slice compared in
+        C, reading memory in order) instead of probing the hash table once per block.
         """
-        running = list(takewhile(bool, accumulate(map(self._holders.get, hashes, repeat(0)), and_)))
+        nodes, node_hash, node_mask = self._nodes, self._hash, self._mask
+        total = len(hashes)
+        ids: list[int] = []
+        running: list[int] = []
+        depth = 0
+        last = -1
+        while depth < total:
+            node = nodes.get(hashes[depth], 0)
+            if not node:
+                break
+            end = node + total - depth
+            same = sum(takewhile(bool, map(eq, node_hash[node:end], islice(hashes, depth, None))))
+            run = list(takewhile(bool, accumulate(node_mask[node : node + same], and_, initial=last)))
+            del run[0]
+            running += run
+            ids += range(node, node + len(run))
+            if len(run) < same:
+                break
+            depth += same
+            last = run[-1]
         matched: dict[str, int] = {}
         if not running:
-            return PrefixMatch(matched, [], self._generation)
+            return PrefixMatch(matched, [], [], self._generation)
         names = self._names
         mask = running[0]
         last = running[-1]
@@ -222,8 +282,10 @@ class PrefixIndex:
             bit = mask & -mask
             mask ^= bit
             depth = len(running) if last & bit else bisect_left(running, True, key=lambda held: not held & bit)
-            matched[names[bit.bit_length() - 1]] = depth
-        return PrefixMatch(matched, list(hashes[: len(running)]), self._generation)
+            name = names[bit.bit_length() - 1]
+            assert name is not None, "a mask bit of a free slot"
+            matched[name] = depth
+        return PrefixMatch(matched, list(hashes[: len(running)]), ids, self._generation)
 
     def host_blocks(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
         """Of each replica's matched prefix (``match``'s result), the blocks it holds only on host.
@@ -264,30 +326,32 @@ class PrefixIndex:
             if held and hashes[:held] != found.prefix[:held]:
                 held = 0
         bit = self._bits[slot]
-        holders = self._holders
-        leaf_first = hashes[::-1]
-        fresh = leaf_first[: len(leaf_first) - held] if held else leaf_first
-        masks = list(map(holders.setdefault, fresh, repeat(bit)))
-        if not all(map(and_, masks, repeat(bit))):
-            joining = list(map(not_, map(and_, masks, repeat(bit))))
-            joined = map(or_, compress(masks, joining), repeat(bit))
-            holders.update(zip(compress(fresh, joining), joined, strict=True))
-        stamp = self._stamp[slot]
-        if on_host:
-            self._mark_on_host(leaf_first, [block not in stamp for block in leaf_first], bit)
-        elif self._host_only:
-            self._mark_on_device(leaf_first, bit)
-        self._stale[slot].update(map(stamp.get, leaf_first, repeat(0)))
+        fresh = hashes[held:] if held else hashes
+        candidates = self._allocate(len(fresh))
+        got = list(map(self._nodes.setdefault, fresh, candidates))
+        if got == candidates:
+            self._create(candidates, fresh, bit)
+        else:
+            is_new = list(map(eq, got, candidates))
+            self._create(list(compress(candidates, is_new)), list(compress(fresh, is_new)), bit)
+            self._free.extend(compress(candidates, map(ne, got, candidates)))
+        chain = found.ids[:held] + got if found is not None and held else got
+        leaf_first = np.array(chain[::-1], np.int32)
         self._seq += 1
-        stamp.update(zip(leaf_first, repeat(self._seq)))
+        old = self._restamp(slot, leaf_first, self._seq)
+        if on_host:
+            self._mark_on_host(hashes[::-1], (old == 0).tolist(), bit)
+        elif self._host_only:
+            self._mark_on_device(hashes[::-1], bit)
+        self._stale[slot].update(old.tolist())
         touch = _Touch(self._seq, now, leaf_first)
         self._log[slot].append(touch)
         self._touch_of[slot][touch.seq] = touch
         self._log_refs[slot] += len(leaf_first)
         self._evict_to_capacity(slot)
-        if self.max_blocks is not None and len(holders) > self.max_blocks:
+        if self.max_blocks is not None and len(self._nodes) > self.max_blocks:
             self._evict_to_global_cap()
-        if self._log_refs[slot] > COMPACT_RATIO * len(self._stamp[slot]) + COMPACT_FLOOR:
+        if self._log_refs[slot] > COMPACT_RATIO * self._held[slot] + COMPACT_FLOOR:
             self._compact(slot)
 
     def remove(self, replica: str, hashes: Sequence[BlockHash], on_host: bool | None = None) -> None:
@@ -297,10 +361,11 @@ class PrefixIndex:
         host-only); True: no longer on host (a block also on device stays).
         """
         slot = self._slot[replica]
-        stamp = self._stamp[slot]
         bit = self._bits[slot]
+        mask = self._mask
         for block_hash in hashes:
-            if block_hash not in stamp:
+            node = self._nodes.get(block_hash, 0)
+            if not mask[node] & bit:
                 continue
             host_mask = self._on_host.get(block_hash, 0)
             if on_host is not None and host_mask & bit:
@@ -312,16 +377,16 @@ class PrefixIndex:
                     continue
             elif on_host:
                 continue
-            self._stale[slot].add(stamp.pop(block_hash))
-            self._drop(block_hash, bit)
+            ids = np.array([node], np.int32)
+            self._stale[slot].add(int(self._stamp(slot, ids)[0]))
+            self._drop(slot, ids)
 
     def clear(self, replica: str) -> None:
         """``replica`` holds nothing any more (its cache was reset)."""
         slot = self._slot[replica]
-        bit = self._bits[slot]
-        for block_hash in self._stamp[slot]:
-            self._drop(block_hash, bit)
-        self._stamp[slot].clear()
+        held = np.flatnonzero(self._inline_slot == slot).astype(np.int32)
+        others = np.fromiter(self._other_seq[slot], np.int32, len(self._other_seq[slot]))
+        self._drop(slot, np.concatenate([held, others]))
         self._log[slot].clear()
         self._log_refs[slot] = 0
         self._touch_of[slot].clear()
@@ -338,56 +403,172 @@ class PrefixIndex:
 
     def last_used(self, replica: str, block_hash: BlockHash) -> float | None:
         slot = self._slot[replica]
-        seq = self._stamp[slot].get(block_hash)
-        if seq is None:
+        node = self._nodes.get(block_hash, 0)
+        if not self._mask[node] & self._bits[slot]:
             return None
+        seq = int(self._stamp(slot, np.array([node], np.int32))[0])
         log = self._log[slot]
         return log[bisect_left(log, seq, key=lambda touch: touch.seq)].now
 
     def lru_order(self, replica: str) -> Iterator[BlockHash]:
         """``replica``'s blocks, least recently used first (the eviction order)."""
         slot = self._slot[replica]
-        stamp = self._stamp[slot]
-        return (block for touch in list(self._log[slot]) for block in touch.live(stamp))
+        hashes = self._hash
+        return (hashes[node] for touch in list(self._log[slot]) for node in self._live(slot, touch).tolist())
 
     def check_integrity(self) -> None:
         """Assert the invariants in the module docstring; for tests."""
         expected: dict[BlockHash, int] = {}
         for replica, slot in self._slot.items():
-            stamp = self._stamp[slot]
             capacity = self._capacity[slot]
             log = self._log[slot]
-            assert capacity is None or len(stamp) <= capacity, f"{replica} holds {len(stamp)} > {capacity}"
+            inline = np.flatnonzero(self._inline_slot == slot).tolist()
+            others = list(self._other_seq[slot])
+            assert not set(inline) & set(others), f"{replica} has a node stamped inline and in its dict"
+            assert all(self._inline_seq[inline] > 0) and all(map(bool, self._other_seq[slot].values()))
+            held = [self._hash[node] for node in inline + others]
+            assert self._held[slot] == len(held), f"{replica}'s block count is off"
+            assert capacity is None or len(held) <= capacity, f"{replica} holds {len(held)} > {capacity}"
             order = list(self.lru_order(replica))
-            assert sorted(order) == sorted(stamp), f"{replica}'s touch log and stamps disagree"
+            assert sorted(order) == sorted(held), f"{replica}'s touch log and stamps disagree"  # type: ignore[type-var]
             times = [touch.now for touch in log]
             assert times == sorted(times), f"{replica}'s LRU order is not ordered by time"
             assert [touch.seq for touch in log] == sorted({touch.seq for touch in log}), "touch order"
             assert self._log_refs[slot] == sum(len(touch.chain) for touch in log)
             assert self._touch_of[slot] == {touch.seq: touch for touch in log}, "touches by sequence number"
-            stale = [touch.seq for touch in log if touch.live(stamp) != touch.chain]
+            stale = [touch.seq for touch in log if len(self._live(slot, touch)) != len(touch.chain)]
             assert self._stale[slot].issuperset(stale), "a touch with stale references is not noted"
-            for block_hash in stamp:
+            for block_hash in order:
                 expected[block_hash] = expected.get(block_hash, 0) | self._bits[slot]
         for slot, name in enumerate(self._names):
-            assert name is not None or not self._stamp[slot], f"free slot {slot} holds blocks"
-        assert expected == self._holders, "replica masks disagree with the replicas' blocks"
+            assert name is not None or not self._held[slot], f"free slot {slot} holds blocks"
+        assert expected == self.node_masks(), "replica masks disagree with the replicas' blocks"
+        for node in self._nodes.values():
+            assert self._hash[node] is not None and self._nodes[self._hash[node]] == node  # type: ignore[index]
+            owner = int(self._inline_slot[node])
+            assert owner != NO_SLOT and self._mask[node] >> owner & 1, "a live node's inline stamp is no holder's"
+        free = set(self._free)
+        assert len(free) == len(self._free) and not free & set(self._nodes.values()), "a free id is in use"
+        for node in free:
+            assert not self._mask[node] and self._hash[node] is None and self._inline_slot[node] == NO_SLOT
+        assert len(self._nodes) + len(free) == len(self._mask) - 1, "an id is neither in use nor free"
         for block_hash, mask in self._on_host.items():
-            assert mask and mask & ~self._holders.get(block_hash, 0) == 0, "a host bit without a holder bit"
+            assert mask and mask & ~expected.get(block_hash, 0) == 0, "a host bit without a holder bit"
         for block_hash, mask in self._host_only.items():
             assert mask and mask & ~self._on_host.get(block_hash, 0) == 0, "a host-only bit without a host bit"
-        assert self.max_blocks is None or len(self._holders) <= self.max_blocks
+        assert self.max_blocks is None or len(self._nodes) <= self.max_blocks
 
-    def _drop(self, block_hash: BlockHash, bit: int) -> None:
+    def _allocate(self, count: int) -> list[int]:
+        """``count`` free node ids, the arrays grown to hold them; the caller uses or frees them."""
+        free = self._free
+        if len(free) < count:
+            first = len(self._mask)
+            grown = first + count - len(free)
+            self._mask.extend(repeat(0, grown - first))
+            self._hash.extend(repeat(None, grown - first))
+            if grown > len(self._inline_slot):
+                size = max(grown, 2 * len(self._inline_slot))
+                inline_slot = np.full(size, NO_SLOT, np.int32)
+                inline_slot[: len(self._inline_slot)] = self._inline_slot
+                inline_seq = np.zeros(size, np.int64)
+                inline_seq[: len(self._inline_seq)] = self._inline_seq
+                self._inline_slot, self._inline_seq = inline_slot, inline_seq
+            free.extend(range(grown - 1, first - 1, -1))
+        taken = free[len(free) - count :]
+        del free[len(free) - count :]
+        taken.reverse()
+        return taken
+
+    def _create(self, ids: list[int], hashes: list[BlockHash], bit: int) -> None:
+        """New nodes ``ids`` for ``hashes``, held by the replica of ``bit`` once ``_restamp`` stamps them."""
+        mask, node_hash = self._mask, self._hash
+        for node, block_hash in zip(ids, hashes, strict=True):
+            mask[node] = bit
+            node_hash[node] = block_hash
+
+    def _stamp(self, slot: int, ids: NodeIds) -> npt.NDArray[np.int64]:
+        """The replica's stamps of nodes ``ids`` (0: not held)."""
+        inline_slot = self._inline_slot[ids]
+        mine = inline_slot == slot
+        seqs = np.where(mine, self._inline_seq[ids], 0)
+        other = self._other_seq[slot]
+        if other:
+            elsewhere = np.flatnonzero(~mine & (inline_slot != NO_SLOT))
+            if len(elsewhere):
+                seqs[elsewhere] = list(map(other.get, ids[elsewhere].tolist(), repeat(0)))
+        return seqs
+
+    def _restamp(self, slot: int, ids: NodeIds, seq: int) -> npt.NDArray[np.int64]:
+        """Stamp nodes ``ids`` (live, or just created) with ``seq`` for the replica, which now
+        holds them all; returns their old stamps (0: newly held).
+
+        The stamp goes inline where it is already (or the node is new), in the replica's dict
+        where another replica's stamp is inline; a node the replica joins gets its bit.
+        """
+        inline_slot = self._inline_slot[ids]
+        mine = inline_slot == slot
+        old = np.where(mine, self._inline_seq[ids], 0)
+        created = inline_slot == NO_SLOT
+        inline = mine | created
+        self._held[slot] += int(np.count_nonzero(created))
+        if inline.all():
+            self._inline_slot[ids] = slot
+            self._inline_seq[ids] = seq
+            return old
+        claimed = ids[inline]
+        self._inline_slot[claimed] = slot
+        self._inline_seq[claimed] = seq
+        elsewhere = ~inline
+        nodes = ids[elsewhere].tolist()
+        other = self._other_seq[slot]
+        seqs = list(map(other.get, nodes, repeat(0)))
+        old[elsewhere] = seqs
+        other.update(zip(nodes, repeat(seq)))
+        bit = self._bits[slot]
+        mask = self._mask
+        for node in compress(nodes, map(not_, seqs)):
+            mask[node] |= bit
+            self._held[slot] += 1
+        return old
+
+    def _live(self, slot: int, touch: _Touch) -> NodeIds:
+        """The nodes ``touch`` is still the latest touch of, in LRU order."""
+        return touch.chain[self._stamp(slot, touch.chain) == touch.seq]
+
+    def _drop(self, slot: int, ids: NodeIds) -> None:
+        """The replica no longer holds nodes ``ids`` (all held by it); nodes nobody holds are freed.
+
+        Where the replica's stamp was inline and others still hold the node, the lowest of them
+        moves its stamp inline, so that only free nodes have no inline stamp.
+        """
+        if not len(ids):
+            return
         self._generation += 1
-        mask = self._holders[block_hash] & ~bit
-        if mask:
-            self._holders[block_hash] = mask
-        else:
-            del self._holders[block_hash]
-        if self._on_host:
-            _clear_bit(self._on_host, block_hash, bit)
-            _clear_bit(self._host_only, block_hash, bit)
+        self._held[slot] -= len(ids)
+        inline = self._inline_slot[ids] == slot
+        other = self._other_seq[slot]
+        bit = self._bits[slot]
+        mask, hashes, inline_slot, inline_seq = self._mask, self._hash, self._inline_slot, self._inline_seq
+        for node, was_inline in zip(ids.tolist(), inline.tolist(), strict=True):
+            left = mask[node] & ~bit
+            block_hash = hashes[node]
+            if not was_inline:
+                del other[node]
+            if left:
+                mask[node] = left
+                if was_inline:
+                    heir = (left & -left).bit_length() - 1
+                    inline_slot[node] = heir
+                    inline_seq[node] = self._other_seq[heir].pop(node)
+            else:
+                del self._nodes[block_hash]
+                mask[node] = 0
+                hashes[node] = None
+                inline_slot[node] = NO_SLOT
+                self._free.append(node)
+            if self._on_host:
+                _clear_bit(self._on_host, block_hash, bit)
+                _clear_bit(self._host_only, block_hash, bit)
 
     def _mark_on_host(self, blocks: list[BlockHash], joining: list[bool], bit: int) -> None:
         """Blocks now in the replica's host tier; those it did not hold before are host-only."""
@@ -404,7 +585,7 @@ class PrefixIndex:
 
     def _evict_to_capacity(self, slot: int) -> None:
         capacity = self._capacity[slot]
-        held = len(self._stamp[slot])
+        held = self._held[slot]
         if capacity is not None and held > capacity:
             self._evict_oldest(slot, held - eviction_target(capacity))
 
@@ -417,13 +598,9 @@ class PrefixIndex:
 
     def _evict_touch(self, slot: int, touch: _Touch, limit: int | None) -> int:
         """Evict up to ``limit`` (None: all) live blocks of ``touch``, the replica's oldest; how many."""
-        stamp = self._stamp[slot]
-        bit = self._bits[slot]
-        live = touch.live(stamp)
+        live = self._live(slot, touch)
         victims = live if limit is None else live[:limit]
-        for block_hash in victims:
-            del stamp[block_hash]
-            self._drop(block_hash, bit)
+        self._drop(slot, victims)
         self._log_refs[slot] -= len(touch.chain)
         if len(victims) < len(live):
             touch.chain = live[len(victims) :]
@@ -436,7 +613,6 @@ class PrefixIndex:
 
     def _compact(self, slot: int) -> None:
         """Cut the touches holding stale references to their live blocks; drop those left empty."""
-        stamp = self._stamp[slot]
         touch_of = self._touch_of[slot]
         emptied = False
         for seq in self._stale[slot]:
@@ -444,9 +620,9 @@ class PrefixIndex:
             if touch is None:
                 continue
             self._log_refs[slot] -= len(touch.chain)
-            touch.chain = touch.live(stamp)
+            touch.chain = self._live(slot, touch)
             self._log_refs[slot] += len(touch.chain)
-            if not touch.chain:
+            if not len(touch.chain):
                 del touch_of[touch.seq]
                 emptied = True
         self._stale[slot].clear()
@@ -461,13 +637,13 @@ class PrefixIndex:
         """
         assert self.max_blocks is not None
         target = eviction_target(self.max_blocks)
-        while len(self._holders) > target:
-            slot = max(self._slot.values(), key=lambda s: len(self._stamp[s]))
-            self._evict_oldest(slot, len(self._holders) - target)
+        while len(self._nodes) > target:
+            slot = max(self._slot.values(), key=lambda s: self._held[s])
+            self._evict_oldest(slot, len(self._nodes) - target)
 
 
 def _has_blocks(touch: _Touch) -> bool:
-    return bool(touch.chain)
+    return bool(len(touch.chain))
 
 
 def _clear_bit(masks: dict[BlockHash, int], block_hash: BlockHash, bit: int) -> None:

@@ -312,7 +312,7 @@ class HandleMachine(RuleBasedStateMachine):
         self.plain.check_integrity()
         for replica in REPLICAS:
             assert list(self.handled.lru_order(replica)) == list(self.plain.lru_order(replica))
-        assert self.handled._holders == self.plain._holders
+        assert self.handled.node_masks() == self.plain.node_masks()
         assert self.handled._on_host == self.plain._on_host
         assert self.handled._host_only == self.plain._host_only
 
@@ -337,7 +337,46 @@ def test_insert_with_handle_skips_the_held_prefix_lookups() -> None:
             self.looked_up.append(key)
             return super().setdefault(key, default)
 
-    index._holders = CountingDict(index._holders)
+    index._nodes = CountingDict(index._nodes)
     index.insert("a", hashes, 2.0, found=found)
     assert sorted(CountingDict.looked_up) == sorted(hashes[4:])
     index.check_integrity()
+
+
+def test_match_stops_where_no_replica_holds_the_whole_prefix() -> None:
+    """The running AND reaching zero inside a run of consecutive node ids ends the match, even
+    when later blocks, in another run, are held again by the replica matched so far."""
+    index = PrefixIndex()
+    index.add_replica("a")
+    index.add_replica("b")
+    hashes = chain(list(range(12)))
+    index.insert("a", hashes[:3], 1.0)
+    index.insert("b", hashes[:1], 2.0)
+    index.remove("a", hashes[:1])
+    index.insert("b", hashes, 3.0)
+    index.remove("b", hashes[1:3])
+    assert index.match(hashes) == {"b": 1}
+    index.check_integrity()
+
+
+def test_match_looks_up_only_where_a_run_of_node_ids_ends() -> None:
+    """A chain created by one insert has consecutive node ids: matching it probes the node table
+    once, and once more for the tail a second insert added."""
+    index = PrefixIndex()
+    index.add_replica("a")
+    hashes, other = chain(list(range(64))), chain([99, 99])
+    index.insert("a", hashes[:16], 1.0)
+    index.insert("a", other, 2.0)
+    index.insert("a", hashes, 3.0, found=index.match_prefix(hashes))
+
+    class CountingDict(dict[int, int]):
+        looked_up: list[int] = []
+
+        def get(self, key: int, default: int = 0) -> int:  # type: ignore[override]
+            self.looked_up.append(key)
+            return super().get(key, default)
+
+    index._nodes = CountingDict(index._nodes)
+    unheld = chain([98, 98])
+    assert index.match(hashes + unheld) == {"a": 32}
+    assert CountingDict.looked_up == [hashes[0], hashes[16], unheld[0]]
