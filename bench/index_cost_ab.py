@@ -4,7 +4,11 @@ Fills and times exactly as ``bench.index_cost`` (without its memory measurement)
 ``radix`` and ``bench`` from the tree given, and uses ``match_prefix``'s handle when the tree
 has one. Run it alternately on two trees (e.g. ``git archive main`` unpacked) with the same seeds:
 
-    python bench/index_cost_ab.py TREE SEED
+    python bench/index_cost_ab.py TREE SEED [CAPACITY]
+
+``CAPACITY``: blocks per replica (default twice the fill's share, so nothing is evicted); a
+smaller one keeps replicas full, so that evictions run inside the timed operations (compare the
+mean then: p50 leaves the batched evictions out).
 """
 
 import os
@@ -14,7 +18,9 @@ import sys
 import time
 
 
-def main(tree: str, seed: int, blocks: int = 1_000_000, replica_count: int = 16, ops: int = 2000) -> None:
+def main(
+    tree: str, seed: int, capacity: int | None = None, blocks: int = 1_000_000, replica_count: int = 16, ops: int = 2000
+) -> None:
     sys.path.insert(0, tree)
     from bench.index_cost import PROMPT_BLOCKS, fill, random_chain
     from radix.prefix_index import PrefixIndex
@@ -23,7 +29,7 @@ def main(tree: str, seed: int, blocks: int = 1_000_000, replica_count: int = 16,
     replicas = [f"replica-{i}" for i in range(replica_count)]
     index = PrefixIndex(max_blocks=blocks * 2)
     for name in replicas:
-        index.add_replica(name, capacity=blocks // replica_count * 2)
+        index.add_replica(name, capacity=capacity or blocks // replica_count * 2)
     fill(index, rng, blocks, replicas)
     hot = [random_chain(rng, [], PROMPT_BLOCKS) for _ in range(64)]
     for chain in hot:
@@ -46,10 +52,11 @@ def main(tree: str, seed: int, blocks: int = 1_000_000, replica_count: int = 16,
         cpu.append((time.process_time_ns() - start_cpu) / 1000)
     print(
         f"{'handle' if has_handle else 'plain'} seed {seed}: CPU time p50 {statistics.median(cpu):.1f} us, "
-        f"wall p50 {statistics.median(wall):.1f} us, load {os.getloadavg()[0]:.2f}",
+        f"mean {statistics.fmean(cpu):.1f} us, wall p50 {statistics.median(wall):.1f} us, "
+        f"evictions {index.evictions:,}, load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -63,7 +63,7 @@ Invariants (``check_integrity``):
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, compress, islice, repeat, takewhile
+from itertools import accumulate, compress, repeat, takewhile
 from operator import and_, eq, ne, not_
 
 import numpy as np
@@ -262,8 +262,7 @@ class PrefixIndex:
             node = nodes.get(hashes[depth], 0)
             if not node:
                 break
-            end = node + total - depth
-            same = sum(takewhile(bool, map(eq, node_hash[node:end], islice(hashes, depth, None))))
+            same = _run_length(node_hash, node, hashes, depth)
             run = list(takewhile(bool, accumulate(node_mask[node : node + same], and_, initial=last)))
             del run[0]
             running += run
@@ -545,30 +544,38 @@ class PrefixIndex:
             return
         self._generation += 1
         self._held[slot] -= len(ids)
-        inline = self._inline_slot[ids] == slot
-        other = self._other_seq[slot]
         bit = self._bits[slot]
-        mask, hashes, inline_slot, inline_seq = self._mask, self._hash, self._inline_slot, self._inline_seq
-        for node, was_inline in zip(ids.tolist(), inline.tolist(), strict=True):
-            left = mask[node] & ~bit
-            block_hash = hashes[node]
-            if not was_inline:
+        nodes, mask, node_hash = self._nodes, self._mask, self._hash
+        inline = self._inline_slot[ids] == slot
+        if not inline.all():
+            other = self._other_seq[slot]
+            for node in ids[~inline].tolist():
                 del other[node]
+        node_list = ids.tolist()
+        if self._on_host:
+            for node in node_list:
+                _clear_bit(self._on_host, node_hash[node], bit)
+                _clear_bit(self._host_only, node_hash[node], bit)
+        freed: list[int] = []
+        not_bit = ~bit
+        for node in node_list:
+            left = mask[node] & not_bit
             if left:
                 mask[node] = left
-                if was_inline:
-                    heir = (left & -left).bit_length() - 1
-                    inline_slot[node] = heir
-                    inline_seq[node] = self._other_seq[heir].pop(node)
             else:
-                del self._nodes[block_hash]
+                del nodes[node_hash[node]]
                 mask[node] = 0
-                hashes[node] = None
-                inline_slot[node] = NO_SLOT
-                self._free.append(node)
-            if self._on_host:
-                _clear_bit(self._on_host, block_hash, bit)
-                _clear_bit(self._host_only, block_hash, bit)
+                node_hash[node] = None
+                freed.append(node)
+        self._inline_slot[freed] = NO_SLOT
+        self._free += freed
+        if len(freed) < len(node_list):
+            for node in ids[inline].tolist():
+                left = mask[node]
+                if left:
+                    heir = (left & -left).bit_length() - 1
+                    self._inline_slot[node] = heir
+                    self._inline_seq[node] = self._other_seq[heir].pop(node)
 
     def _mark_on_host(self, blocks: list[BlockHash], joining: list[bool], bit: int) -> None:
         """Blocks now in the replica's host tier; those it did not hold before are host-only."""
@@ -640,6 +647,20 @@ class PrefixIndex:
         while len(self._nodes) > target:
             slot = max(self._slot.values(), key=lambda s: self._held[s])
             self._evict_oldest(slot, len(self._nodes) - target)
+
+
+def _run_length(node_hash: list[BlockHash | None], node: int, hashes: Sequence[BlockHash], depth: int) -> int:
+    """How many of ``hashes[depth:]`` are the hashes of nodes ``node``, ``node + 1``, ... (at least
+    one: ``node`` is the node of ``hashes[depth]``). Compared in windows growing from 4 blocks, so
+    that a short run copies little of ``node_hash``."""
+    same, window, total = 1, 4, len(hashes)
+    while depth + same < total:
+        stop = min(total - depth, same + window)
+        same += sum(takewhile(bool, map(eq, node_hash[node + same : node + stop], hashes[depth + same : depth + stop])))
+        if same < stop:
+            break
+        window *= 4
+    return same
 
 
 def _has_blocks(touch: _Touch) -> bool:
