@@ -16,7 +16,8 @@ number of replicas), ``_hash`` (for deleting it), and one holder's LRU stamp inl
 per match and insert; the stamp of the replica that holds it (the common case: the first holder
 of a node keeps its stamp inline) is read and written for a whole chain at once by numpy
 fancy indexing, not by one more hash-table lookup per block. Other holders' stamps live in one
-small dict per replica keyed by node id (``_other_seq``). Ids of dropped nodes are reused; a
+small dict per replica keyed by block hash (``_other_seq``: the node table's own key objects,
+so an entry costs one dict slot). Ids of dropped nodes are reused; a
 reused id cannot revive a stale log reference because sequence numbers are never reused.
 
 Leaves-first LRU eviction without child links. Blocks are only ever inserted or touched as
@@ -158,7 +159,7 @@ class PrefixIndex:
         self._bits: list[int] = []
         self._held: list[int] = []
         """Blocks each replica holds."""
-        self._other_seq: list[dict[int, int]] = []
+        self._other_seq: list[dict[BlockHash, int]] = []
         """Per replica, its stamps of the nodes whose inline stamp is another replica's."""
         self._log: list[deque[_Touch]] = []
         self._log_refs: list[int] = []
@@ -385,7 +386,8 @@ class PrefixIndex:
         """``replica`` holds nothing any more (its cache was reset)."""
         slot = self._slot[replica]
         held = np.flatnonzero(self._inline_slot == slot).astype(np.int32)
-        others = np.fromiter(self._other_seq[slot], np.int32, len(self._other_seq[slot]))
+        nodes = self._nodes
+        others = np.fromiter(map(nodes.__getitem__, self._other_seq[slot]), np.int32, len(self._other_seq[slot]))
         self._drop(slot, np.concatenate([held, others]))
         self._log[slot].clear()
         self._log_refs[slot] = 0
@@ -423,7 +425,7 @@ class PrefixIndex:
             capacity = self._capacity[slot]
             log = self._log[slot]
             inline = np.flatnonzero(self._inline_slot == slot).tolist()
-            others = list(self._other_seq[slot])
+            others = [self._nodes[block_hash] for block_hash in self._other_seq[slot]]
             assert not set(inline) & set(others), f"{replica} has a node stamped inline and in its dict"
             assert all(self._inline_seq[inline] > 0) and all(map(bool, self._other_seq[slot].values()))
             held = [self._hash[node] for node in inline + others]
@@ -495,7 +497,8 @@ class PrefixIndex:
         if other:
             elsewhere = np.flatnonzero(~mine & (inline_slot != NO_SLOT))
             if len(elsewhere):
-                seqs[elsewhere] = list(map(other.get, ids[elsewhere].tolist(), repeat(0)))
+                node_hash = self._hash
+                seqs[elsewhere] = [other.get(node_hash[node], 0) for node in ids[elsewhere].tolist()]
         return seqs
 
     def _restamp(self, slot: int, ids: NodeIds, seq: int) -> npt.NDArray[np.int64]:
@@ -521,9 +524,10 @@ class PrefixIndex:
         elsewhere = ~inline
         nodes = ids[elsewhere].tolist()
         other = self._other_seq[slot]
-        seqs = list(map(other.get, nodes, repeat(0)))
+        keys = [self._hash[node] for node in nodes]
+        seqs = list(map(other.get, keys, repeat(0)))
         old[elsewhere] = seqs
-        other.update(zip(nodes, repeat(seq)))
+        other.update(zip(keys, repeat(seq)))
         bit = self._bits[slot]
         mask = self._mask
         for node in compress(nodes, map(not_, seqs)):
@@ -551,7 +555,7 @@ class PrefixIndex:
         if not inline.all():
             other = self._other_seq[slot]
             for node in ids[~inline].tolist():
-                del other[node]
+                del other[node_hash[node]]
         node_list = ids.tolist()
         if self._on_host:
             for node in node_list:
@@ -576,7 +580,7 @@ class PrefixIndex:
                 if left:
                     heir = (left & -left).bit_length() - 1
                     self._inline_slot[node] = heir
-                    self._inline_seq[node] = self._other_seq[heir].pop(node)
+                    self._inline_seq[node] = self._other_seq[heir].pop(node_hash[node])
 
     def _mark_on_host(self, blocks: list[BlockHash], joining: list[bool], bit: int) -> None:
         """Blocks now in the replica's host tier; those it did not hold before are host-only."""
