@@ -103,7 +103,7 @@ class PrefixMatch:
 
     ``insert`` trusts it only while the index has dropped no block since (``generation``) and the
     chain still starts with ``prefix``; otherwise it does the full lookups, so a stale handle
-    costs time, never correctness. ``ids``: the node ids of at least ``prefix``.
+    costs time, never correctness. ``ids``: the node ids of ``prefix``.
     """
 
     __slots__ = ("depths", "prefix", "ids", "generation")
@@ -363,9 +363,10 @@ class PrefixIndex:
         """
         slot = self._slot[replica]
         bit = self._bits[slot]
-        mask = self._mask
+        nodes, mask = self._nodes, self._mask
+        dropped: dict[int, None] = {}
         for block_hash in hashes:
-            node = self._nodes.get(block_hash, 0)
+            node = nodes.get(block_hash, 0)
             if not mask[node] & bit:
                 continue
             host_mask = self._on_host.get(block_hash, 0)
@@ -378,8 +379,10 @@ class PrefixIndex:
                     continue
             elif on_host:
                 continue
-            ids = np.array([node], np.int32)
-            self._stale[slot].add(int(self._stamp(slot, ids)[0]))
+            dropped[node] = None
+        if dropped:
+            ids = np.fromiter(dropped, np.int32, len(dropped))
+            self._stale[slot].update(self._stamp(slot, ids).tolist())
             self._drop(slot, ids)
 
     def clear(self, replica: str) -> None:
