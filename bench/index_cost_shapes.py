@@ -1,0 +1,87 @@
+"""The prefix index on shapes other than bench.index_cost's: CPU time per operation, one tree.
+
+Fills 1,000,000 blocks over 16 replicas as ``bench.index_cost`` does, importing ``radix`` and
+``bench`` from the tree given, then times one of:
+
+- ``turns``: 256 conversations grow by 8 blocks a turn, turns interleaved, so a conversation's
+  blocks come from many small inserts; match + insert (with the match's handle when the tree
+  has one) of turns 24-39 (200-320 blocks).
+- ``events``: what precise mode does on KV events: insert of a 64-block chain without a handle
+  (BlockStored), then remove of its last 32 blocks (BlockRemoved), or of its last one with
+  ``events-1``.
+
+Run it alternately on two trees (e.g. ``git archive main`` unpacked) with the same seeds:
+
+    python bench/index_cost_shapes.py TREE SEED turns|events|events-1
+"""
+
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+REPLICAS = [f"replica-{i}" for i in range(16)]
+
+
+def turns(index: Any, rng: random.Random) -> list[float]:
+    conversations: list[list[int]] = [[] for _ in range(256)]
+    owners = [rng.choice(REPLICAS) for _ in conversations]
+    has_handle = hasattr(index, "match_prefix")
+    cpu: list[float] = []
+    for turn in range(40):
+        for conversation, owner in zip(conversations, owners, strict=True):
+            conversation.extend(rng.getrandbits(128) for _ in range(8))
+            start = time.process_time_ns()
+            if has_handle:
+                index.insert(owner, conversation, float(turn), found=index.match_prefix(conversation))
+            else:
+                index.match(conversation)
+                index.insert(owner, conversation, float(turn))
+            if turn >= 24:
+                cpu.append((time.process_time_ns() - start) / 1000)
+    return cpu
+
+
+def events(index: Any, rng: random.Random, removed: int, random_chain: Any) -> tuple[list[float], list[float]]:
+    inserts: list[float] = []
+    removals: list[float] = []
+    for op in range(2000):
+        chain = random_chain(rng, [], 64)
+        replica = rng.choice(REPLICAS)
+        start = time.process_time_ns()
+        index.insert(replica, chain, 1.0 + op)
+        inserted = time.process_time_ns()
+        index.remove(replica, chain[64 - removed :])
+        inserts.append((inserted - start) / 1000)
+        removals.append((time.process_time_ns() - inserted) / 1000)
+    return inserts, removals
+
+
+def main(tree: str, seed: int, shape: str) -> None:
+    sys.path.insert(0, tree)
+    from bench.index_cost import fill, random_chain
+    from radix.prefix_index import PrefixIndex
+
+    rng = random.Random(seed)
+    index = PrefixIndex(max_blocks=2_000_000)
+    for name in REPLICAS:
+        index.add_replica(name, capacity=125_000)
+    fill(index, rng, 1_000_000, REPLICAS)
+    load = f"load {os.getloadavg()[0]:.2f}"
+    if shape == "turns":
+        cpu = turns(index, rng)
+        print(f"{tree} seed {seed} turns: match + insert CPU p50 {statistics.median(cpu):.1f} us, {load}", flush=True)
+        return
+    removed = 1 if shape == "events-1" else 32
+    inserts, removals = events(index, rng, removed, random_chain)
+    print(
+        f"{tree} seed {seed} {shape}: insert of 64 blocks without a handle CPU p50 {statistics.median(inserts):.1f} us, "
+        f"remove of {removed} CPU p50 {statistics.median(removals):.1f} us, {load}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
