@@ -1,18 +1,21 @@
 """The prefix index on shapes other than bench.index_cost's: CPU time per operation, one tree.
 
-Fills 1,000,000 blocks over 16 replicas as ``bench.index_cost`` does, importing ``radix`` and
-``bench`` from the tree given, then times one of:
+Fills 1,000,000 blocks over 16 replicas as ``bench.index_cost`` does (except ``small``),
+importing ``radix`` and ``bench`` from the tree given, then times one of:
 
 - ``turns``: 256 conversations grow by 8 blocks a turn, turns interleaved, so a conversation's
   blocks come from many small inserts; match + insert (with the match's handle when the tree
   has one) of turns 24-39 (200-320 blocks).
+- ``small``: the overhead benchmark's use, on an index that fits in the CPU caches (no fill):
+  one replica, 16 system prompts of 125 blocks, 3 new blocks a request; match + insert (with
+  the handle) of requests 1,000-5,999.
 - ``events``: what precise mode does on KV events: insert of a 64-block chain without a handle
   (BlockStored), then remove of its last 32 blocks (BlockRemoved), or of its last one with
   ``events-1``.
 
 Run it alternately on two trees (e.g. ``git archive main`` unpacked) with the same seeds:
 
-    python bench/index_cost_shapes.py TREE SEED turns|events|events-1
+    python bench/index_cost_shapes.py TREE SEED turns|small|events|events-1
 """
 
 import os
@@ -44,6 +47,24 @@ def turns(index: Any, rng: random.Random) -> list[float]:
     return cpu
 
 
+def small(index: Any, rng: random.Random) -> list[float]:
+    index.add_replica("small")
+    systems = [[rng.getrandbits(128) for _ in range(125)] for _ in range(16)]
+    has_handle = hasattr(index, "match_prefix")
+    cpu: list[float] = []
+    for op in range(6000):
+        prompt = systems[op % len(systems)] + [rng.getrandbits(128) for _ in range(3)]
+        start = time.process_time_ns()
+        if has_handle:
+            index.insert("small", prompt, float(op), found=index.match_prefix(prompt))
+        else:
+            index.match(prompt)
+            index.insert("small", prompt, float(op))
+        if op >= 1000:
+            cpu.append((time.process_time_ns() - start) / 1000)
+    return cpu
+
+
 def events(index: Any, rng: random.Random, removed: int, random_chain: Any) -> tuple[list[float], list[float]]:
     inserts: list[float] = []
     removals: list[float] = []
@@ -66,21 +87,21 @@ def main(tree: str, seed: int, shape: str) -> None:
 
     rng = random.Random(seed)
     index = PrefixIndex(max_blocks=2_000_000)
-    for name in REPLICAS:
-        index.add_replica(name, capacity=125_000)
-    fill(index, rng, 1_000_000, REPLICAS)
-    load = f"load {os.getloadavg()[0]:.2f}"
-    if shape == "turns":
-        cpu = turns(index, rng)
-        print(f"{tree} seed {seed} turns: match + insert CPU p50 {statistics.median(cpu):.1f} us, {load}", flush=True)
-        return
-    removed = 1 if shape == "events-1" else 32
-    inserts, removals = events(index, rng, removed, random_chain)
-    print(
-        f"{tree} seed {seed} {shape}: insert of 64 blocks without a handle CPU p50 {statistics.median(inserts):.1f} us, "
-        f"remove of {removed} CPU p50 {statistics.median(removals):.1f} us, {load}",
-        flush=True,
-    )
+    if shape != "small":
+        for name in REPLICAS:
+            index.add_replica(name, capacity=125_000)
+        fill(index, rng, 1_000_000, REPLICAS)
+    if shape in ("turns", "small"):
+        cpu = turns(index, rng) if shape == "turns" else small(index, rng)
+        figures = f"match + insert CPU p50 {statistics.median(cpu):.1f} us"
+    else:
+        removed = 1 if shape == "events-1" else 32
+        inserts, removals = events(index, rng, removed, random_chain)
+        figures = (
+            f"insert of 64 blocks without a handle CPU p50 {statistics.median(inserts):.1f} us, "
+            f"remove of {removed} CPU p50 {statistics.median(removals):.1f} us"
+        )
+    print(f"{tree} seed {seed} {shape}: {figures}, load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,11 +39,14 @@ Eviction works in batches, down to ``capacity - capacity // 64`` blocks (``evict
 
 Cost: a lookup into a million-entry table misses the CPU cache, so the hot paths run as chains
 of C-level iterators (map/accumulate/zip) and numpy array operations rather than Python loops:
-``match_prefix`` one node-table ``get`` per block, ``insert`` one ``setdefault`` per block it did
-not see held. ``match_prefix`` returns a handle (``PrefixMatch``, with the node ids it found)
-with which ``insert`` skips the node-table lookups for the prefix the match saw the replica
-hold; it is trusted only while no replica bit has left a node since (``_generation``) and for
-the same chain.
+``match_prefix`` one node-table ``get`` per run of consecutive ids, ``insert`` one
+``setdefault`` per block it did not see held. ``match_prefix`` returns a handle
+(``PrefixMatch``, with the runs of node ids it found) with which ``insert`` skips the node-table
+lookups for the prefix the match saw the replica hold; it is trusted only while no replica bit
+has left a node since (``_generation``) and for the same chain. numpy's fixed cost per call
+(about half a microsecond) makes a small, cache-resident index a few microseconds dearer per
+request than plain dicts were; at a million blocks the saved cache misses win by far
+(bench/RESULTS.md).
 
 Tiers. A replica with a host-memory KV tier (vLLM's CPU offload, the bundled engine's host
 tier) holds some blocks only in host memory: a hit on them is a copy, not free. ``insert`` and
@@ -55,7 +58,7 @@ without host tiers they stay empty and cost nothing.
 Invariants (``check_integrity``):
 - a node exists iff at least one replica holds it, and its mask has exactly the bits of the
   replicas whose LRU order contains it; its inline stamp is one of those replicas'; a free id
-  has mask 0, no hash and no inline stamp;
+  has mask 0, no hash and no inline stamp (slot ``NO_SLOT``, sequence number 0);
 - each replica holds at most its capacity; the index holds at most ``max_blocks`` nodes;
 - each replica's blocks are in order of last use (I1 follows when ``now`` never decreases);
 - ``_host_only`` bits are ``_on_host`` bits, and ``_on_host`` bits are holder bits.
@@ -103,15 +106,18 @@ class PrefixMatch:
 
     ``insert`` trusts it only while the index has dropped no block since (``generation``) and the
     chain still starts with ``prefix``; otherwise it does the full lookups, so a stale handle
-    costs time, never correctness. ``ids``: the node ids of ``prefix``.
+    costs time, never correctness. ``runs``: the node ids of ``prefix``, as (first id, count)
+    runs of consecutive ids.
     """
 
-    __slots__ = ("depths", "prefix", "ids", "generation")
+    __slots__ = ("depths", "prefix", "runs", "generation")
 
-    def __init__(self, depths: dict[str, int], prefix: list[BlockHash], ids: list[int], generation: int) -> None:
+    def __init__(
+        self, depths: dict[str, int], prefix: list[BlockHash], runs: list[tuple[int, int]], generation: int
+    ) -> None:
         self.depths = depths
         self.prefix = prefix
-        self.ids = ids
+        self.runs = runs
         self.generation = generation
 
 
@@ -256,7 +262,7 @@ class PrefixIndex:
         """
         nodes, node_hash, node_mask = self._nodes, self._hash, self._mask
         total = len(hashes)
-        ids: list[int] = []
+        runs: list[tuple[int, int]] = []
         running: list[int] = []
         depth = 0
         last = -1
@@ -268,7 +274,7 @@ class PrefixIndex:
             run = list(takewhile(bool, accumulate(node_mask[node : node + same], and_, initial=last)))
             del run[0]
             running += run
-            ids += range(node, node + len(run))
+            runs.append((node, len(run)))
             if len(run) < same:
                 break
             depth += same
@@ -286,7 +292,7 @@ class PrefixIndex:
             name = names[bit.bit_length() - 1]
             assert name is not None, "a mask bit of a free slot"
             matched[name] = depth
-        return PrefixMatch(matched, list(hashes[: len(running)]), ids, self._generation)
+        return PrefixMatch(matched, list(hashes[: len(running)]), runs, self._generation)
 
     def host_blocks(self, hashes: Sequence[BlockHash], matched: dict[str, int]) -> dict[str, int]:
         """Of each replica's matched prefix (``match``'s result), the blocks it holds only on host.
@@ -332,14 +338,21 @@ class PrefixIndex:
         got = list(map(self._nodes.setdefault, fresh, candidates))
         if got == candidates:
             self._create(candidates, fresh, bit)
+            created = len(candidates)
         else:
             is_new = list(map(eq, got, candidates))
             self._create(list(compress(candidates, is_new)), list(compress(fresh, is_new)), bit)
             self._free.extend(compress(candidates, map(ne, got, candidates)))
-        chain = found.ids[:held] + got if found is not None and held else got
-        leaf_first = np.array(chain[::-1], np.int32)
+            created = sum(is_new)
+        if found is not None and held:
+            chain = np.empty(len(hashes), np.int32)
+            _fill_runs(chain, found.runs, held)
+            chain[held:] = got
+        else:
+            chain = np.array(got, np.int32)
+        leaf_first = chain[::-1]
         self._seq += 1
-        old = self._restamp(slot, leaf_first, self._seq)
+        old = self._restamp(slot, leaf_first, self._seq, created)
         if on_host:
             self._mark_on_host(hashes[::-1], (old == 0).tolist(), bit)
         elif self._host_only:
@@ -455,7 +468,8 @@ class PrefixIndex:
         free = set(self._free)
         assert len(free) == len(self._free) and not free & set(self._nodes.values()), "a free id is in use"
         for node in free:
-            assert not self._mask[node] and self._hash[node] is None and self._inline_slot[node] == NO_SLOT
+            assert not self._mask[node] and self._hash[node] is None, f"free id {node} in use"
+            assert self._inline_slot[node] == NO_SLOT and self._inline_seq[node] == 0, f"free id {node} stamped"
         assert len(self._nodes) + len(free) == len(self._mask) - 1, "an id is neither in use nor free"
         for block_hash, mask in self._on_host.items():
             assert mask and mask & ~expected.get(block_hash, 0) == 0, "a host bit without a holder bit"
@@ -504,23 +518,24 @@ class PrefixIndex:
                 seqs[elsewhere] = [other.get(node_hash[node], 0) for node in ids[elsewhere].tolist()]
         return seqs
 
-    def _restamp(self, slot: int, ids: NodeIds, seq: int) -> npt.NDArray[np.int64]:
-        """Stamp nodes ``ids`` (live, or just created) with ``seq`` for the replica, which now
-        holds them all; returns their old stamps (0: newly held).
+    def _restamp(self, slot: int, ids: NodeIds, seq: int, created: int) -> npt.NDArray[np.int64]:
+        """Stamp nodes ``ids`` (live, ``created`` of them just now) with ``seq`` for the replica,
+        which now holds them all; returns their old stamps (0: newly held).
 
-        The stamp goes inline where it is already (or the node is new), in the replica's dict
-        where another replica's stamp is inline; a node the replica joins gets its bit.
+        The stamp goes inline where it is already (or the node is new: no inline stamp, and a
+        free id's inline stamp is 0), in the replica's dict where another replica's stamp is
+        inline; a node the replica joins gets its bit.
         """
         inline_slot = self._inline_slot[ids]
         mine = inline_slot == slot
-        old = np.where(mine, self._inline_seq[ids], 0)
-        created = inline_slot == NO_SLOT
-        inline = mine | created
-        self._held[slot] += int(np.count_nonzero(created))
-        if inline.all():
+        self._held[slot] += created
+        if np.count_nonzero(mine) + created == len(ids):
+            old = self._inline_seq[ids]
             self._inline_slot[ids] = slot
             self._inline_seq[ids] = seq
             return old
+        old = np.where(mine, self._inline_seq[ids], 0)
+        inline = mine | (inline_slot == NO_SLOT)
         claimed = ids[inline]
         self._inline_slot[claimed] = slot
         self._inline_seq[claimed] = seq
@@ -576,6 +591,7 @@ class PrefixIndex:
                 node_hash[node] = None
                 freed.append(node)
         self._inline_slot[freed] = NO_SLOT
+        self._inline_seq[freed] = 0
         self._free += freed
         if len(freed) < len(node_list):
             for node in ids[inline].tolist():
@@ -657,17 +673,28 @@ class PrefixIndex:
             self._evict_oldest(slot, len(self._nodes) - target)
 
 
+def _fill_runs(chain: NodeIds, runs: list[tuple[int, int]], count: int) -> None:
+    """Write the first ``count`` node ids of ``runs`` (first id, length) into ``chain``."""
+    position = 0
+    for first, length in runs:
+        take = min(length, count - position)
+        chain[position : position + take] = np.arange(first, first + take, dtype=np.int32)
+        position += take
+        if position == count:
+            return
+
+
 def _run_length(node_hash: list[BlockHash | None], node: int, hashes: Sequence[BlockHash], depth: int) -> int:
     """How many of ``hashes[depth:]`` are the hashes of nodes ``node``, ``node + 1``, ... (at least
-    one: ``node`` is the node of ``hashes[depth]``). Compared in windows growing from 4 blocks, so
+    one: ``node`` is the node of ``hashes[depth]``). Compared in windows growing from 8 blocks, so
     that a short run copies little of ``node_hash``."""
-    same, window, total = 1, 4, len(hashes)
+    same, window, total = 1, 8, len(hashes)
     while depth + same < total:
         stop = min(total - depth, same + window)
         same += sum(takewhile(bool, map(eq, node_hash[node + same : node + stop], hashes[depth + same : depth + stop])))
         if same < stop:
             break
-        window *= 4
+        window *= 8
     return same
 
 
