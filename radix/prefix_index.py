@@ -357,7 +357,7 @@ class PrefixIndex:
             self._mark_on_host(hashes[::-1], (old == 0).tolist(), bit)
         elif self._host_only:
             self._mark_on_device(hashes[::-1], bit)
-        self._stale[slot].update(old.tolist())
+        self._note_stale(slot, old)
         touch = _Touch(self._seq, now, leaf_first)
         self._log[slot].append(touch)
         self._touch_of[slot][touch.seq] = touch
@@ -552,6 +552,16 @@ class PrefixIndex:
             mask[node] |= bit
             self._held[slot] += 1
         return old
+
+    def _note_stale(self, slot: int, old: npt.NDArray[np.int64]) -> None:
+        """Note the touches that stamped ``old`` (0: none) as holding stale references now.
+
+        A chain's old stamps come in runs (the blocks one touch stamped), so only each run's
+        last value is noted.
+        """
+        ends = np.flatnonzero(old[1:] != old[:-1])
+        self._stale[slot].update(old[ends].tolist())
+        self._stale[slot].add(int(old[-1]))
 
     def _live(self, slot: int, touch: _Touch) -> NodeIds:
         """The nodes ``touch`` is still the latest touch of, in LRU order."""
