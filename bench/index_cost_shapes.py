@@ -11,11 +11,11 @@ importing ``radix`` and ``bench`` from the tree given, then times one of:
   the handle) of requests 1,000-5,999.
 - ``events``: what precise mode does on KV events: insert of a 64-block chain without a handle
   (BlockStored), then remove of its last 32 blocks (BlockRemoved), or of its last one with
-  ``events-1``.
+  ``events-1``; ``store-1``: insert of one block without a handle (a decode step's BlockStored).
 
 Run it alternately on two trees (e.g. ``git archive main`` unpacked) with the same seeds:
 
-    python bench/index_cost_shapes.py TREE SEED turns|small|events|events-1
+    python bench/index_cost_shapes.py TREE SEED turns|small|events|events-1|store-1
 """
 
 import os
@@ -80,6 +80,17 @@ def events(index: Any, rng: random.Random, removed: int, random_chain: Any) -> t
     return inserts, removals
 
 
+def store_one(index: Any, rng: random.Random) -> list[float]:
+    cpu: list[float] = []
+    for op in range(3000):
+        block = [rng.getrandbits(128)]
+        replica = rng.choice(REPLICAS)
+        start = time.process_time_ns()
+        index.insert(replica, block, 1.0 + op)
+        cpu.append((time.process_time_ns() - start) / 1000)
+    return cpu
+
+
 def main(tree: str, seed: int, shape: str) -> None:
     sys.path.insert(0, tree)
     from bench.index_cost import fill, random_chain
@@ -94,6 +105,8 @@ def main(tree: str, seed: int, shape: str) -> None:
     if shape in ("turns", "small"):
         cpu = turns(index, rng) if shape == "turns" else small(index, rng)
         figures = f"match + insert CPU p50 {statistics.median(cpu):.1f} us"
+    elif shape == "store-1":
+        figures = f"insert of one block without a handle CPU p50 {statistics.median(store_one(index, rng)):.1f} us"
     else:
         removed = 1 if shape == "events-1" else 32
         inserts, removals = events(index, rng, removed, random_chain)
