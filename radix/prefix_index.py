@@ -4,21 +4,21 @@ Structure, and why not pygtrie. A block hash already names its whole prefix (it 
 parent's hash), so a tree node is fully identified by its hash: the child of node ``p`` for the
 next block is simply the node whose key is that block's hash. The tree is therefore stored flat,
 one hash-table entry per node (``hash -> node id``), and a longest-prefix match walks the
-request's own hash chain, one O(1) lookup per block, for all replicas at once (the bitmask of
-replicas holding each node narrows as replicas drop out). pygtrie (pure Python) would key each
+request's own hash chain, at most one O(1) lookup per block, for all replicas at once (the
+bitmask of replicas holding each node narrows as replicas drop out). pygtrie (pure Python) would key each
 node by the *path* of hashes and keep a child dict plus a node object per block: several times
 the memory and a slower walk, for parent/child links this index never needs. pygtrie is not used.
 
 Nodes by id. The node table gives each node a small integer id; everything else about a node
 lives in arrays indexed by that id: ``_mask`` (replica bitmask, a list of Python ints, so any
 number of replicas), ``_hash`` (for deleting it), and one holder's LRU stamp inline
-(``_inline_slot``, ``_inline_seq``: numpy arrays). A block therefore costs one hash-table lookup
-per match and insert; the stamp of the replica that holds it (the common case: the first holder
+(``_inline_slot``, ``_inline_seq``: numpy arrays). A block therefore costs at most one
+hash-table lookup per match and insert; the stamp of the replica that holds it (the common case: the first holder
 of a node keeps its stamp inline) is read and written for a whole chain at once by numpy
 fancy indexing, not by one more hash-table lookup per block. Other holders' stamps live in one
 small dict per replica keyed by block hash (``_other_seq``: the node table's own key objects,
-so an entry costs one dict slot). Ids of dropped nodes are reused; a
-reused id cannot revive a stale log reference because sequence numbers are never reused.
+so an entry costs one dict slot). Ids of dropped nodes are reused; a reused id cannot revive a
+stale log reference because sequence numbers are never reused.
 
 Leaves-first LRU eviction without child links. Blocks are only ever inserted or touched as
 whole chains from the root, leaf to root, so every block is more recently used than all its
