@@ -16,7 +16,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from gateway.admission.forwarded_body import with_retention_hint
@@ -26,6 +25,7 @@ from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
 from gateway.backends.pool import Backend, BackendPool
 from gateway.backends.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, forward
+from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
 from gateway.routing.router import Router
@@ -87,14 +87,14 @@ class Dispatcher:
         self,
         pool: BackendPool,
         router: Router,
-        session: aiohttp.ClientSession,
         queue: AdmissionQueue,
         timeouts: TimeoutsConfig,
         block_size: int,
     ) -> None:
         self.pool = pool
         self.router = router
-        self.session = session
+        self.upstream = UpstreamClient()
+        """Keep-alive connections to the replicas that requests are forwarded on."""
         self.queue = queue
         self.timeouts = timeouts
         self.block_size = block_size
@@ -202,7 +202,7 @@ class Dispatcher:
                     self.held.notify(backend.name)
 
                 call = ProxyCall(
-                    session=self.session,
+                    client=self.upstream,
                     url=f"{backend.spec.url}{forwarding.path}",
                     body=with_retention_hint(forwarding.body, request.session_key)
                     if backend.takes_retention_hints

@@ -55,7 +55,7 @@ class Gateway:
         router = Router(config.routing, config.block_size, replica_specs(config))
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         queue = AdmissionQueue(config.limits.max_queue, config.limits.queue_timeout_s)
-        dispatcher = Dispatcher(pool, router, session, queue, config.timeouts, config.block_size)
+        dispatcher = Dispatcher(pool, router, queue, config.timeouts, config.block_size)
         limits = RequestCaps(config.limits, pool.context_length)
         telemetry = Telemetry(config.observability, config.block_size)
         tenants = TenantRegistry(config.tenants, limiter=tenant_limiter(config))
@@ -123,6 +123,7 @@ class Gateway:
         await self.pool.stop()
         await self.router.stop()
         await self.session.close()
+        self.dispatcher.upstream.close()
         await self.tenants.limiter.stop()
         self.telemetry.close()
 

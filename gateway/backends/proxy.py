@@ -34,13 +34,12 @@ import orjson
 from aiohttp import web
 from opentelemetry import trace
 
+from gateway.backends.upstream_client import UpstreamClient, UpstreamResponse
 from gateway.backends.upstream_error import openai_error_body
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
 from protocol.openai import chat_usage
 from protocol.tracing import inject_current, span
-
-_JSON = {"Content-Type": "application/json"}
 
 
 class UpstreamFailed(Exception):
@@ -71,7 +70,7 @@ class UpstreamOutcome:
 
 @dataclass
 class ProxyCall:
-    session: aiohttp.ClientSession
+    client: UpstreamClient
     url: str
     body: dict
     stream: bool
@@ -104,16 +103,12 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
     body = call.body
     if call.stream and call.stream_format == "chat":
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-    timeout = aiohttp.ClientTimeout(sock_connect=call.timeouts.connect_s, sock_read=None)
     try:
         async with asyncio.timeout(call.timeouts.first_token_s):
-            upstream = await call.session.post(
-                call.url,
-                data=orjson.dumps(body),
-                headers=inject_current({**call.upstream_headers, **_JSON}),
-                timeout=timeout,
+            upstream = await call.client.post(
+                call.url, orjson.dumps(body), inject_current(dict(call.upstream_headers)), call.timeouts.connect_s
             )
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
         if upstream.status != 200 or not call.stream:
@@ -123,11 +118,11 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
         upstream.release()
 
 
-async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tuple[web.StreamResponse, UpstreamOutcome]:
+async def _relay_whole(call: ProxyCall, upstream: UpstreamResponse) -> tuple[web.StreamResponse, UpstreamOutcome]:
     try:
         async with asyncio.timeout(call.timeouts.first_token_s):
             data = await upstream.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
     if upstream.status >= 500:
         raise UpstreamFailed(f"backend answered {upstream.status}")
@@ -148,14 +143,14 @@ async def _relay_whole(call: ProxyCall, upstream: aiohttp.ClientResponse) -> tup
 
 
 async def _relay_stream(
-    call: ProxyCall, upstream: aiohttp.ClientResponse, client_request: web.Request
+    call: ProxyCall, upstream: UpstreamResponse, client_request: web.Request
 ) -> tuple[web.StreamResponse, UpstreamOutcome]:
     outcome = call.outcome
     outcome.status = 200
-    events = _sse_events(upstream.content, call.timeouts)
+    events = _sse_events(upstream, call.timeouts)
     try:
         first = await anext(events)
-    except (TimeoutError, StopAsyncIteration, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, StopAsyncIteration, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
     response = web.StreamResponse(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -293,7 +288,7 @@ async def _end_responses_at_cap(call: ProxyCall, response: web.StreamResponse, o
     await response.write(b"event: response.incomplete\ndata: " + orjson.dumps(closing) + b"\n\n")
 
 
-async def _sse_events(content: aiohttp.StreamReader, timeouts: TimeoutsConfig) -> AsyncIterator[bytes]:
+async def _sse_events(content: UpstreamResponse, timeouts: TimeoutsConfig) -> AsyncIterator[bytes]:
     """Whole SSE events (terminated by a blank line), with first-token and idle timeouts."""
     pending = bytearray()
     wait_s = timeouts.first_token_s
