@@ -14,6 +14,7 @@ was sent. ``Forwarding.progress`` keeps the latest attempt readable for the requ
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -192,7 +193,7 @@ class Dispatcher:
     ) -> tuple[web.StreamResponse, UpstreamOutcome]:
         """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit."""
         backend = placement.backend
-        self.router.on_routed(request, backend.name)
+        routed = _Once(lambda: self.router.on_routed(request, backend.name))
         outcome: UpstreamOutcome | None = None
         try:
             with backend.occupy(placement.uncached_tokens, placement.kv_blocks) as prefill_done:
@@ -214,6 +215,7 @@ class Dispatcher:
                     max_tokens=request.max_tokens,
                     prompt_tokens=request.prompt_tokens,
                     on_first_token=first_token,
+                    on_sent=routed,
                     upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
                     stream_format=forwarding.stream_format,
                     secret=backend.spec.upstream_api_key(),
@@ -224,6 +226,7 @@ class Dispatcher:
             backend.breaker.record_failure()
             raise
         finally:
+            routed()
             ok = outcome is not None and outcome.completed
             self.router.on_finished(request, backend.name, cached_tokens(outcome.usage if outcome else None), ok=ok)
             self.queue.notify()
@@ -233,6 +236,20 @@ class Dispatcher:
         elif not outcome.client_gone:
             backend.breaker.record_failure()
         return response, outcome
+
+
+class _Once:
+    """The index insert of a routed request: run as soon as the request is written to the replica
+    (before the gateway yields to any other request, so none routes without seeing it), or, for
+    one that failed before it was sent, before its failure undoes it."""
+
+    def __init__(self, insert: Callable[[], None]) -> None:
+        self._insert: Callable[[], None] | None = insert
+
+    def __call__(self) -> None:
+        insert, self._insert = self._insert, None
+        if insert is not None:
+            insert()
 
 
 def decision_headers(decision: RouteDecision) -> dict[str, str]:

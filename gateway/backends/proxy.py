@@ -83,6 +83,8 @@ class ProxyCall:
     prompt_tokens: int
     on_first_token: Callable[[], None] = lambda: None
     """Called once when the first streamed event carrying output arrives (the backend's prefill is done)."""
+    on_sent: Callable[[], None] = lambda: None
+    """Called once the request is on its way, before the call first waits (see ``UpstreamClient.post``)."""
     outcome: UpstreamOutcome = field(default_factory=lambda: UpstreamOutcome(status=0))
     """Filled in as the answer flows; ``forward`` returns it."""
     upstream_headers: dict[str, str] = field(default_factory=dict)
@@ -106,7 +108,11 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
     try:
         async with asyncio.timeout(call.timeouts.first_token_s):
             upstream = await call.client.post(
-                call.url, orjson.dumps(body), inject_current(dict(call.upstream_headers)), call.timeouts.connect_s
+                call.url,
+                orjson.dumps(body),
+                inject_current(dict(call.upstream_headers)),
+                call.timeouts.connect_s,
+                call.on_sent,
             )
     except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc

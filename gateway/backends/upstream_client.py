@@ -16,6 +16,7 @@ No retry happens here: a request that fails is the caller's to retry (on another
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import cast
@@ -241,19 +242,33 @@ class UpstreamClient:
     def __init__(self) -> None:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str], connect_timeout_s: float) -> UpstreamResponse:
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        connect_timeout_s: float,
+        on_sent: Callable[[], None] = lambda: None,
+    ) -> UpstreamResponse:
         """Send ``body`` and wait for the answer's status and headers.
 
         ``headers`` are added to Host, Content-Length and Content-Type (application/json);
-        raises UpstreamError (or TimeoutError for the connect) when no answer came.
+        raises UpstreamError (or TimeoutError for the connect) when no answer came. ``on_sent``
+        runs before the first wait: once the request is written on a kept-alive connection (its
+        work then overlaps the backend's), else before connecting.
         """
         target = _target(url)
         head = _request_head(target, len(body), headers)
-        connection = self._idle_connection(target.key) or await self._connect(target, connect_timeout_s)
+        connection = self._idle_connection(target.key)
+        if connection is None:
+            on_sent()
+            connection = await self._connect(target, connect_timeout_s)
+            on_sent = _nothing
         connection.start()
         assert connection.transport is not None
         try:
             connection.transport.writelines([head, body])
+            on_sent()
             while connection.headers is None:
                 if connection.error is not None:
                     raise connection.error
@@ -289,6 +304,10 @@ class UpstreamClient:
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {host}:{port}: {exc!r}") from exc
         return connection
+
+
+def _nothing() -> None:
+    return None
 
 
 def _request_head(target: _Target, length: int, headers: dict[str, str]) -> bytes:

@@ -164,3 +164,21 @@ async def test_a_large_body_is_read_whole_under_back_pressure() -> None:
 async def test_headers_with_line_breaks_are_refused() -> None:
     with pytest.raises(UpstreamError, match="line break"):
         await UpstreamClient().post("http://127.0.0.1:9/v1/x", b"{}", {"X-Evil": "a\r\nHost: b"}, 1.0)
+
+
+async def test_on_sent_runs_before_any_other_task_on_new_and_kept_alive_connections() -> None:
+    events: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        events.append("served")
+        return web.json_response({})
+
+    client = UpstreamClient()
+    async with aiohttp_server(answer) as url:
+        for _ in range(2):
+            asyncio.get_running_loop().call_soon(events.append, "other task")
+            upstream = await client.post(url, b"{}", {}, 1.0, on_sent=lambda: events.append("sent"))
+            await upstream.read()
+            upstream.release()
+    client.close()
+    assert events == ["sent", "other task", "served"] * 2
