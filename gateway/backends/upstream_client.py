@@ -120,13 +120,19 @@ class _Connection(asyncio.Protocol):
         self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status < 200:
+            self._raw_headers.clear()  # an interim answer (103 Early Hints, say): the real one follows
+            return
+        self.status = status
         self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._raw_headers}
 
     def on_body(self, body: bytes) -> None:
         self.body += body
 
     def on_message_complete(self) -> None:
+        if self.headers is None:
+            return
         self._keep_alive = self._parser.should_keep_alive()  # read now: the parser forgets it after the message
         self.complete = True
 

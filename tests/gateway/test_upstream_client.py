@@ -102,6 +102,15 @@ async def test_a_body_without_length_ends_when_the_server_closes_and_is_not_reus
     assert received[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
 
 
+async def test_interim_answers_are_skipped() -> None:
+    answer = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_server(answer) as (url, _):
+        upstream = await UpstreamClient().post(url, b"{}", {}, 1.0)
+        assert (upstream.status, await upstream.read()) == (200, b"ok")
+        assert "link" not in upstream.headers
+        upstream.release()
+
+
 async def test_connection_close_answers_are_not_reused() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
     async with raw_server(answer, close=False) as (url, _):
