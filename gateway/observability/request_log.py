@@ -1,8 +1,15 @@
 """One structured JSON line per request, on the `kvgate.requests` logger.
 
 Lines never carry prompt text unless `observability.log_content` is on in the config.
+
+While the logger has only the gateway's own handler (no other handler, no filter, INFO enabled),
+a line is written straight to that handler's stream, as its ``emit`` would write it: a
+``LogRecord`` through ``Logger.info`` (caller lookup, process and thread names, locks, format)
+cost ~40 us of CPU a request in the gateway process (bench/RESULTS.md, issue 12). Anything else
+attached to the logger gets every line through ``logging`` as before.
 """
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -12,6 +19,8 @@ import orjson
 from gateway.observability.config import ObservabilityConfig
 
 LOGGER_NAME = "kvgate.requests"
+
+_MESSAGE_ONLY = logging.Formatter("%(message)s")
 
 
 class RequestLog:
@@ -32,7 +41,30 @@ class RequestLog:
             return
         if self.log_content and body is not None:
             fields = {**fields, "body": body}
-        self.logger.info(orjson.dumps(fields, option=orjson.OPT_NON_STR_KEYS).decode())
+        line = orjson.dumps(fields, option=orjson.OPT_NON_STR_KEYS).decode()
+        if not self._write_direct(line):
+            self.logger.info(line)
+
+    def _write_direct(self, line: str) -> bool:
+        """Write ``line`` to the only handler's stream; False when logging must do it."""
+        handler, logger = self.handler, self.logger
+        if (
+            not isinstance(handler, logging.StreamHandler)
+            or logger.handlers != [handler]
+            or logger.filters
+            or handler.filters
+            or handler.formatter is not _MESSAGE_ONLY
+            or handler.level > logging.INFO
+            or not logger.isEnabledFor(logging.INFO)
+        ):
+            return False
+        try:
+            with handler.lock or contextlib.nullcontext():
+                handler.stream.write(line + handler.terminator)
+                handler.stream.flush()
+        except (OSError, ValueError):
+            return False
+        return True
 
     def close(self) -> None:
         if self.handler is not None:
@@ -47,5 +79,5 @@ def _handler(path: str | None) -> logging.Handler:
         handler = logging.FileHandler(path)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(_MESSAGE_ONLY)
     return handler

@@ -87,3 +87,21 @@ def test_request_log_is_one_json_line_with_prompt_only_when_enabled(tmp_path, lo
     assert entry["prompt_tokens"] == 100 and entry["cached_tokens"] == 64 and entry["ttft_s"] == 0.05
     assert ("my secret question" in lines[0]) is log_content
     assert log.handler not in logging.getLogger(LOGGER_NAME).handlers
+
+
+def test_other_handlers_on_the_request_logger_get_every_line(tmp_path) -> None:
+    path = tmp_path / "requests.jsonl"
+    log = RequestLog(ObservabilityConfig(request_log_path=str(path)))
+    seen: list[str] = []
+    extra = logging.Handler()
+    extra.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    try:
+        log.write(served("a", "t1", prompt=100, cached=64).log_fields())
+        logging.getLogger(LOGGER_NAME).addHandler(extra)
+        log.write(served("b", "t1", prompt=100, cached=64).log_fields())
+    finally:
+        logging.getLogger(LOGGER_NAME).removeHandler(extra)
+        log.close()
+    lines = path.read_text().splitlines()
+    assert [orjson.loads(line)["backend"] for line in lines] == ["a", "b"]
+    assert seen == [lines[1]]
