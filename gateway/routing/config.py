@@ -33,8 +33,9 @@ class RoutingConfig(ConfigSection):
     """Queue wait each running request adds to a new request's first token (decode steps it shares)."""
     ttft_target_s: float = Field(1.0, gt=0)
     """cache_aware moves a request off the replica caching most of it (its owner) only when the
-    owner's estimated TTFT breaks this target and another replica's does not; when every replica
-    breaks it, only when another is faster by more than the target (spilling duplicates the prefix).
+    owner's estimated TTFT breaks this target by more than the move would spend recomputing the
+    owner's cached prefix, and another replica's meets it; when every replica breaks it, only when
+    another is faster by more than the target (spilling duplicates the prefix).
     1 s beat 0.5 s on every trace window in ``bench simulate`` (bench/RESULTS.md); 2 s and more
     let owners queue into KV thrashing on multi-turn."""
     min_match_tokens: int = Field(64, ge=0)

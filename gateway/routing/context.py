@@ -82,6 +82,11 @@ class RouteContext:
         prefill_s = (replica.in_flight_prefill_tokens if queued is None else queued) / self.prefill_rate(replica)
         return prefill_s + requests * self.config.decode_wait_s_per_request
 
+    def recompute_s(self, replica: ReplicaState) -> float:
+        """Prefill this replica would spend on prompt tokens an owner has cached and it has not:
+        the work a move off the owner throws away."""
+        return (self.useful_best_cached - self.useful_cached(replica.name)) / self.prefill_rate(replica)
+
     def estimated_ttft_s(self, replica: ReplicaState) -> float:
         uncached = self.request.prompt_tokens - self.useful_cached(replica.name)
         return self.queue_wait_s(replica) + uncached / self.prefill_rate(replica)

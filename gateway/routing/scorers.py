@@ -38,8 +38,10 @@ class EstimatedTTFT:
 
     Owners keep their follow-ups: a replica holding less of the prompt than the owner (the replica
     with the longest useful match) competes only when the owner's estimate breaks
-    ``ttft_target_s`` and its own does not. Moving a request recomputes its prefix and duplicates
-    it in a second cache, which pays only when the owner truly cannot keep up. When every replica
+    ``ttft_target_s`` by more than the move would spend recomputing the prefix the owner holds
+    and that replica lacks, and its own estimate meets the target. Moving a request recomputes
+    that prefix and duplicates it in a second cache, which pays only when the owner truly cannot
+    keep up: an owner late by 20 ms must not cost the fleet 400 ms of prefill. When every replica
     breaks the target (overload), another replica wins only if it is faster by more than the
     target, so a hot prefix still spreads off an owner whose queue keeps growing.
     """
@@ -54,15 +56,18 @@ class EstimatedTTFT:
         )
         return inverse_cost(
             [
-                estimate if ctx.is_owner(replica.name) else _mover_cost(estimate, owner_s, target)
+                estimate
+                if ctx.is_owner(replica.name)
+                else _mover_cost(estimate, owner_s, target, ctx.recompute_s(replica))
                 for replica, estimate in zip(ctx.replicas, estimates, strict=True)
             ]
         )
 
 
-def _mover_cost(estimate_s: float, owner_s: float, target_s: float) -> float:
-    """What a replica that is not the owner costs under the owner rule."""
-    if owner_s <= target_s:
+def _mover_cost(estimate_s: float, owner_s: float, target_s: float, recompute_s: float) -> float:
+    """What a replica that is not the owner costs under the owner rule; ``recompute_s`` is the
+    prefill it would spend on the part of the prompt the owner has cached and it has not."""
+    if owner_s <= target_s + recompute_s:
         return NEVER_S
     if estimate_s <= target_s:
         return estimate_s

@@ -1,5 +1,6 @@
 """cache_aware's owner rule: a replica holding the longest useful match keeps its follow-ups
-unless its estimated TTFT breaks the target and another replica's does not."""
+unless its estimated TTFT breaks the target by more than a move would spend recomputing the
+owner's cached prefix, and another replica's meets the target."""
 
 from tests.routing.helpers import request, router, state, warm
 
@@ -28,6 +29,31 @@ def test_owner_breaking_the_target_loses_the_request_to_one_that_meets_it() -> N
     assert (decision.backend, decision.reason) == ("c", "load-spill")
     assert decision.predicted_cached_tokens == 0
     assert decision.ranked == ["c", "a", "b"], "movers by their own estimate, the owner last"
+
+
+def test_an_owner_late_by_less_than_the_prefix_recompute_keeps_the_request() -> None:
+    """A move to c recomputes b's 960 cached tokens: 0.096 s at 10,000 tokens/s."""
+    r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5)
+    warm(r, "b", prefix=1)
+    slightly_late = [state("a"), state("b", in_flight=1, prefill_tokens=5500), state("c")]
+    decision = r.route(request(1), slightly_late)
+    assert (decision.backend, decision.reason) == ("b", "prefix-hit"), "b ~0.56 s is 0.06 s late, less than 0.096 s"
+    late = [state("a"), state("b", in_flight=1, prefill_tokens=6000), state("c")]
+    decision = r.route(request(1), late)
+    assert (decision.backend, decision.reason) == ("a", "load-spill"), "b ~0.61 s is 0.11 s late, more than 0.096 s"
+
+
+def test_the_recompute_is_timed_at_the_movers_prefill_rate() -> None:
+    """The same 0.06 s of lateness outweighs the recompute on a replica ten times as fast."""
+    r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5)
+    warm(r, "b", prefix=1)
+    replicas = [
+        state("a", prefill_tokens_per_s=FAST),
+        state("b", in_flight=1, prefill_tokens=5500, prefill_tokens_per_s=FAST),
+        state("c", prefill_tokens_per_s=10 * FAST),
+    ]
+    decision = r.route(request(1), replicas)
+    assert (decision.backend, decision.reason) == ("c", "load-spill")
 
 
 def test_a_raised_target_keeps_the_follow_up_on_the_owner() -> None:
