@@ -10,8 +10,9 @@ until its first token. Replicas' KV events reach the router's index at the end o
 wall clock, so a run is exactly repeatable and thousands of requests over hundreds of replicas
 take seconds to minutes.
 
-Not modelled: network and gateway latency (about a millisecond in ``bench run``), chat
-templates (token-id workloads only) and sglang-router (it runs only in ``bench run``).
+sglang-router's ``cache_aware`` is modelled (``bench/sglang_model.py``), not run: its placement
+rules over the same simulated replicas. Not modelled: network and gateway latency (about a
+millisecond in ``bench run``) and chat templates (token-id workloads only).
 """
 
 import heapq
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from bench.contenders import MODEL, Contender
 from bench.loadgen import LoadResult, RequestResult, sessions_of
+from bench.sglang_model import SglangCacheAware
 from bench.sim_replica import SimReplica, SimRequest
 from bench.workloads.types import BenchRequest
 from engine.config import EngineConfig
@@ -36,6 +38,8 @@ from radix.hashing import block_hashes
 from radix.kv_event_format import EventBatch
 from radix.kv_event_ingest import KVEventApplier
 
+SGLANG_MODELLED = Contender("sglang-router", "cache_aware", label="sglang-router cache_aware (modelled)")
+"""The sglang-router contender ``bench simulate --peers`` adds: a model of its placement rules."""
 SIM_KV_EVENTS = "sim://in-process"
 """The KV-event endpoint simulated replicas are given: it marks them precise for the router."""
 
@@ -110,11 +114,15 @@ def _int_or_none(value: float | int | None) -> int | None:
 
 
 class VirtualFleet:
-    """One contender (a kvgate policy, or the client's direct round robin) over simulated replicas."""
+    """One contender (a kvgate policy, the client's direct round robin, or the model of
+    sglang-router's cache_aware) over simulated replicas."""
 
     def __init__(self, contender: Contender, fleet: SimFleet) -> None:
-        if contender.kind not in ("kvgate", "direct"):
-            raise ValueError(f"bench simulate runs kvgate policies and direct round robin, not {contender.kind}")
+        if contender.kind not in ("kvgate", "direct") and contender != SGLANG_MODELLED:
+            raise ValueError(
+                f"bench simulate runs kvgate policies, direct round robin and sglang-router cache_aware, "
+                f"not {contender.name}"
+            )
         self.fleet = fleet
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -143,6 +151,11 @@ class VirtualFleet:
         self._appliers: dict[str, KVEventApplier] = {}
         if contender.kind == "kvgate":
             self._build_router(contender)
+        self.sglang = (
+            SglangCacheAware([b.replica.name for b in self.backends], fleet.block_size)
+            if contender == SGLANG_MODELLED
+            else None
+        )
         self._round_robin = itertools.cycle(self.backends)
         self._admission: deque[Callable[[], bool]] = deque()
         self._held: dict[str, HoldLine[Callable[[], bool]]] = {}
@@ -358,6 +371,8 @@ class VirtualFleet:
             backend.kv_reserved_blocks -= kv_blocks
             if self.router is not None:
                 self.router.on_finished(route, name, sim_request.seq.num_cached_tokens, ok=True)
+            if self.sglang is not None:
+                self.sglang.finished(name)
             finished(sim_request, now)
             self._schedule(now, self._pump_admission)
             self._schedule(now, lambda: self._release_held(name))
@@ -370,10 +385,15 @@ class VirtualFleet:
         """The gateway's placement: ranked replicas until one has room for the request's KV blocks
         (a decision to hold the request for its owner comes back as is)."""
         block_size = self.fleet.block_size
+        kv_blocks = blocks_needed(route.prompt_tokens, route.max_tokens, block_size)
+        if self.sglang is not None:
+            # sglang-router forwards at once; the engine queues what does not fit.
+            name, reason = self.sglang.route(route.block_hashes, route.prompt_tokens)
+            return RouteDecision(name, reason, 0, [name]), route.prompt_tokens, kv_blocks
         if self.router is None:
             backend = next(self._round_robin)
             decision = RouteDecision(backend.replica.name, "direct", 0, [backend.replica.name])
-            return decision, route.prompt_tokens, blocks_needed(route.prompt_tokens, route.max_tokens, block_size)
+            return decision, route.prompt_tokens, kv_blocks
         candidates = list(self.backends)
         while candidates:
             decision = self.router.route(route, [backend.state() for backend in candidates], may_hold)

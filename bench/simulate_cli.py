@@ -2,8 +2,9 @@
 
 Same workloads, flags, table and plots as ``bench run``, with kvgate's real router and the
 engine's real scheduler and block manager, but no processes, sockets or sleeps: a whole trace
-over 4 to 256 replicas in minutes, exactly repeatable. Contenders are kvgate's policies and the
-client's direct round robin (sglang-router runs only in ``bench run``).
+over 4 to 256 replicas in minutes, exactly repeatable. Contenders are kvgate's policies, the
+client's direct round robin and, with ``--peers``, a model of sglang-router's cache_aware
+(``bench/sglang_model.py``; ``bench run`` runs the real one).
 """
 
 import argparse
@@ -20,7 +21,7 @@ from bench.processes import REPO
 from bench.report import ContenderRow, summarize, write_report
 from bench.runner import bound_prompt
 from bench.sim_compare import compare_with_run
-from bench.simulate import SimFleet, VirtualFleet
+from bench.simulate import SGLANG_MODELLED, SimFleet, VirtualFleet
 from bench.text_vocab import round_trip_vocab
 from bench.workloads import WORKLOADS, with_overrides
 from engine.sim_presets import GPU_PRESETS, preset_costs, preset_names
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-retention-hints", action="store_true", help="send no session keys to the replicas' block managers"
     )
+    parser.add_argument(
+        "--peers", action="store_true", help="also the model of sglang-router cache_aware (bench/sglang_model.py)"
+    )
     parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
     parser.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
     parser.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds")
@@ -97,6 +101,8 @@ def main(argv: list[str]) -> int:
         dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
         for contender in contenders_for(args.policy.split(","), peers=False)
     ]
+    if args.peers:
+        contenders.append(SGLANG_MODELLED)
     prefill_us = (
         args.sim_prefill_us if args.sim_prefill_us is not None else (75.0 if args.preset == "smollm2-cpu" else None)
     )
