@@ -69,13 +69,13 @@ class AttentionMetadata:
         window: int | None,
         device: torch.device,
         flashinfer: FlashInferAttention | None = None,
-        matmul_prefill: bool = False,
+        matmul_prefill: torch.dtype | None = None,
     ) -> "AttentionMetadata":
         """Metadata for flat tokens laid out as ``decodes`` (one token each) then ``prefills``.
 
         With ``flashinfer``, plans it for the step instead of building the portable path's tables.
-        With ``matmul_prefill`` (see ``prefers_matmul_prefill``), multi-token chunks are attended
-        by matmuls.
+        With ``matmul_prefill``, the compute dtype where ``prefers_matmul_prefill`` holds, multi-token
+        chunks are attended by matmuls.
         """
         slots: list[int] = []
         for chunk in decodes + prefills:
@@ -131,7 +131,7 @@ def _prefill_chunks(
     block_size: int,
     window: int | None,
     device: torch.device,
-    matmul: bool,
+    matmul: torch.dtype | None,
 ) -> list[PrefillChunk]:
     result = []
     begin = first_token
@@ -139,8 +139,8 @@ def _prefill_chunks(
         count = len(chunk.token_ids)
         context_len = chunk.start_pos + count
         mask = tiles = None
-        if matmul:
-            tiles = query_tiles(chunk.start_pos, count, window, device)
+        if matmul is not None:
+            tiles = query_tiles(chunk.start_pos, count, window, device, matmul)
         elif chunk.start_pos > 0 or (window is not None and context_len > window):
             query_pos = torch.arange(chunk.start_pos, context_len, device=device)[:, None]
             mask = _visible(query_pos, torch.arange(context_len, device=device)[None, :], window)

@@ -81,7 +81,7 @@ class TorchModelRunner:
                 self.model.sliding_window,
                 self.device,
             )
-        self.matmul_prefill = prefers_matmul_prefill(self.device, compute_dtype)
+        self.matmul_prefill = compute_dtype if prefers_matmul_prefill(self.device, compute_dtype) else None
         self.sampler = Sampler(self.device)
         self._logprobs: dict[int, TokenLogprobs] = {}
 

@@ -28,7 +28,7 @@ def last_token_embedding(
     shape = KVCacheShape(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim)
     cache = PagedKVCache(shape, compute_dtype, compute_dtype, device)
     chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
-    matmul = prefers_matmul_prefill(device, compute_dtype)
+    matmul = compute_dtype if prefers_matmul_prefill(device, compute_dtype) else None
     metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device, None, matmul)
     positions = torch.arange(len(token_ids), device=device)
     hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata, lora)

@@ -50,17 +50,17 @@ def test_tiled_attention_equals_sdpa(
     query = torch.randn(count, HEADS, DIM, generator=generator).to(dtype)
     keys = torch.randn(context, KV_HEADS, DIM, generator=generator).to(dtype)
     values = torch.randn(context, KV_HEADS, DIM, generator=generator).to(dtype)
-    out = tiled_attention(query, keys, values, query_tiles(start_pos, count, window, CPU))
+    out = tiled_attention(query, keys, values, query_tiles(start_pos, count, window, CPU, dtype))
     assert out.dtype == dtype and out.shape == query.shape
     expected = sdpa_reference(query, keys, values, start_pos, window)
     assert (out.float() - expected).abs().max().item() < tolerance
 
 
 def test_tiles_touch_only_the_keys_their_queries_see() -> None:
-    tiles = query_tiles(1000, TILE_ROWS * 2, None, CPU)
+    tiles = query_tiles(1000, TILE_ROWS * 2, None, CPU, torch.bfloat16)
     assert [(tile.key_begin, tile.key_end) for tile in tiles] == [(0, 1000 + TILE_ROWS), (0, 1000 + 2 * TILE_ROWS)]
     assert tiles[0].masked_from == 1001
-    windowed = query_tiles(1000, TILE_ROWS, 64, CPU)[0]
+    windowed = query_tiles(1000, TILE_ROWS, 64, CPU, torch.bfloat16)[0]
     assert windowed.key_begin == 1000 - 63
 
 
