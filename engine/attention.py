@@ -168,7 +168,7 @@ def paged_attention(
     """
     cache.write(layer, metadata.slots, key, value)
     if metadata.flashinfer is not None:
-        return metadata.flashinfer.run(query, cache.pool[layer])
+        return metadata.flashinfer.run(query.contiguous(), cache.pool[layer])
     out = torch.empty_like(query)
     decode = metadata.decode
     if decode is not None:

@@ -28,12 +28,17 @@ class RMSNorm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         hidden = x.to(torch.float32)
         variance = hidden.pow(2).mean(-1, keepdim=True)
-        hidden = hidden * torch.rsqrt(variance + self.eps)
-        return self.weight * hidden.to(x.dtype)
+        normed = hidden * variance.add_(self.eps).rsqrt_()
+        return self.weight * normed.to(x.dtype)
 
 
 class RotaryEmbedding:
-    """cos/sin for every position up to ``max_position_embeddings``, in the compute dtype."""
+    """cos/sin for every position up to ``max_position_embeddings``, in the compute dtype.
+
+    ``sin`` is stored with its first half negated, so that rotate-half's ``cat(-x2, x1) * sin``
+    becomes ``cat(x2, x1) * sin``: one elementwise op less per call, and bit-identical (negating is
+    exact, and so is moving the sign from one factor to the other).
+    """
 
     def __init__(self, config: PretrainedConfig, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         rope = config.rope_parameters
@@ -49,10 +54,12 @@ class RotaryEmbedding:
         freqs = positions[:, None] * inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         self.cos = (angles.cos() * scaling).to(device=device, dtype=dtype)
-        self.sin = (angles.sin() * scaling).to(device=device, dtype=dtype)
+        sin = (angles.sin() * scaling).to(device=device, dtype=dtype)
+        half = head_dim // 2
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[tokens, 1, head_dim]`` (broadcast over heads)."""
+        """cos and signed sin ``[tokens, 1, head_dim]`` (broadcast over heads)."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
 
@@ -85,10 +92,12 @@ def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE; ``signed_sin`` has its first half negated (``RotaryEmbedding``)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    rotated = x * cos
+    return rotated.add_(swapped.mul_(signed_sin))
 
 
 def _fused(weights: Weights, names: list[str]) -> torch.Tensor | None:
@@ -138,11 +147,9 @@ class DecoderLayer:
         if lora is not None:
             lora.add(qkv, normed, layer, "qkv")
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        query, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        cos, sin = rope
-        query = _rotate(query.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        key = _rotate(key.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        value = value.view(tokens, self.num_kv_heads, self.head_dim)
+        query_key = qkv[:, : q_size + kv_size].view(tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        query, key = _rotate(query_key, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
+        value = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         attended = paged_attention(query, key, value, cache, layer, metadata).view(tokens, q_size)
         attention_out = self.o_proj(attended)
         if lora is not None:
@@ -153,7 +160,7 @@ class DecoderLayer:
         if lora is not None:
             lora.add(gate_up, normed, layer, "gate_up")
         gate, up = gate_up.chunk(2, dim=-1)
-        activated = F.silu(gate) * up
+        activated = F.silu(gate).mul_(up)
         mlp_out = self.down(activated)
         if lora is not None:
             lora.add(mlp_out, activated, layer, "down")
