@@ -278,8 +278,11 @@ def build_runner(
         return SimRunner(config.block_size, budget.num_blocks, costs, tokenizer.encode_text(SIM_TEXT))
     import torch
 
+    from engine.malloc_arena import use_one_malloc_arena
     from engine.model_runner import TorchModelRunner
 
+    if config.device == "cpu":
+        use_one_malloc_arena()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     return TorchModelRunner(
