@@ -280,20 +280,23 @@ def build_runner(
 
     from engine.malloc_arena import use_one_malloc_arena
     from engine.model_runner import TorchModelRunner
+    from engine.omp_team import on_short_lived_thread
 
     if config.device == "cpu":
         use_one_malloc_arena()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    return TorchModelRunner(
-        config.model,
-        config.block_size,
-        budget.num_blocks,
-        config.device,
-        config.dtype,
-        config.kv_cache_dtype,
-        host_blocks,
-        adapters,
+    return on_short_lived_thread(
+        lambda: TorchModelRunner(
+            config.model,
+            config.block_size,
+            budget.num_blocks,
+            config.device,
+            config.dtype,
+            config.kv_cache_dtype,
+            host_blocks,
+            adapters,
+        )
     )
 
 
