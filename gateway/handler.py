@@ -174,8 +174,11 @@ async def read_json(request: web.Request, gateway: Gateway) -> object:
     """
     timeout_s = gateway.config.timeouts.client_body_s
     try:
-        async with asyncio.timeout(timeout_s):
+        if request.content.is_eof():  # the body arrived with the head: no wait, so no timer to arm
             raw = await request.read()
+        else:
+            async with asyncio.timeout(timeout_s):
+                raw = await request.read()
     except TimeoutError:
         raise OpenAIError(
             408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"

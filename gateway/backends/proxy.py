@@ -126,8 +126,11 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
 
 async def _relay_whole(call: ProxyCall, upstream: UpstreamResponse) -> tuple[web.StreamResponse, UpstreamOutcome]:
     try:
-        async with asyncio.timeout(call.timeouts.first_token_s):
+        if upstream.whole:  # the usual case: no wait, so no timer to arm
             data = await upstream.read()
+        else:
+            async with asyncio.timeout(call.timeouts.first_token_s):
+                data = await upstream.read()
     except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
     if upstream.status >= 500:

@@ -187,6 +187,11 @@ class UpstreamResponse:
         """The media type of ``Content-Type`` without its parameters ("" when absent)."""
         return self.headers.get("content-type", "").partition(";")[0].strip().lower()
 
+    @property
+    def whole(self) -> bool:
+        """The whole answer has arrived: ``read`` returns it without waiting."""
+        return self._connection is not None and self._connection.complete
+
     async def read(self) -> bytes:
         """The whole body."""
         connection = self._open()
