@@ -7,8 +7,6 @@ many long prompts waits behind its own, and another tenant's request waits for a
 """
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 TOKENIZE_PER_TENANT = 2
 
@@ -18,10 +16,9 @@ class TokenizeSlots:
         self.per_tenant = per_tenant
         self._slots: dict[str, asyncio.Semaphore] = {}
 
-    @asynccontextmanager
-    async def hold(self, tenant: str) -> AsyncIterator[None]:
+    def hold(self, tenant: str) -> asyncio.Semaphore:
+        """The tenant's places, to hold one with ``async with``."""
         slots = self._slots.get(tenant)
         if slots is None:
             slots = self._slots[tenant] = asyncio.Semaphore(self.per_tenant)
-        async with slots:
-            yield
+        return slots
