@@ -30,7 +30,9 @@ def private_app(public: web.Application) -> web.Application:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[GATEWAY].telemetry.metrics.exposition())
+    telemetry = request.app[GATEWAY].telemetry
+    telemetry.flush()
+    return web.Response(body=telemetry.metrics.exposition())
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -40,6 +42,7 @@ async def _stats(request: web.Request) -> web.Response:
 
 def worker_stats(gateway: Gateway) -> dict:
     """What the dashboard needs from one worker to sum it with the others."""
+    gateway.telemetry.flush()
     return {
         "window": gateway.telemetry.stats,
         "in_flight": {
