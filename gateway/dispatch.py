@@ -101,9 +101,6 @@ class Dispatcher:
         self.block_size = block_size
         self.held = HeldRequests()
         """Requests late binding holds for their busy owner (routing.late_binding)."""
-        self.while_waiting: Callable[[], None] = _nothing
-        """Deferred work to do once a request is written to a replica, while its answer is awaited
-        (the telemetry of earlier requests): it then overlaps the backend's work."""
         pool.on_change(self.queue.notify)
         pool.on_change(self.held.notify_all)
 
@@ -205,10 +202,6 @@ class Dispatcher:
                     prefill_done()
                     self.held.notify(backend.name)
 
-                def sent() -> None:
-                    routed()
-                    self.while_waiting()
-
                 call = ProxyCall(
                     client=self.upstream,
                     url=f"{backend.spec.url}{forwarding.path}",
@@ -222,7 +215,7 @@ class Dispatcher:
                     max_tokens=request.max_tokens,
                     prompt_tokens=request.prompt_tokens,
                     on_first_token=first_token,
-                    on_sent=sent,
+                    on_sent=routed,
                     upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
                     stream_format=forwarding.stream_format,
                     secret=backend.spec.upstream_api_key(),
@@ -243,10 +236,6 @@ class Dispatcher:
         elif not outcome.client_gone:
             backend.breaker.record_failure()
         return response, outcome
-
-
-def _nothing() -> None:
-    return None
 
 
 class _Once:

@@ -58,7 +58,6 @@ class Gateway:
         dispatcher = Dispatcher(pool, router, queue, config.timeouts, config.block_size)
         limits = RequestCaps(config.limits, pool.context_length)
         telemetry = Telemetry(config.observability, config.block_size)
-        dispatcher.while_waiting = telemetry.flush
         tenants = TenantRegistry(config.tenants, limiter=tenant_limiter(config))
         return cls(
             config, models, pool, router, session, queue, dispatcher, tenants, limits, telemetry, TokenizeSlots()

@@ -21,7 +21,6 @@ STATIC_DIR = Path(__file__).parent / "dashboard" / "static"
 async def metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     require_admin(request, gateway.config.admin.api_key)
-    gateway.telemetry.flush()
     body = gateway.telemetry.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -33,7 +32,6 @@ async def dashboard_page(request: web.Request) -> web.FileResponse:
 async def stats_json(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     require_admin(request, gateway.config.admin.api_key)
-    gateway.telemetry.flush()
     stats = dashboard_stats(gateway.telemetry, gateway.pool, gateway.queue, gateway.router)
     body = orjson.dumps(stats, option=orjson.OPT_NON_STR_KEYS)
     return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})

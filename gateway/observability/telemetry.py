@@ -1,14 +1,10 @@
 """Where the request handler reports each finished request: metrics, dashboard stats, breakers, log.
 
 The handler reports before aiohttp writes the answer, so only the record (timings, counts) is
-made then; the log line is written by a callback that runs right after, once the answer is on
-its way (the next turn of the loop, before the loop reads any request sent after the answer
-arrived). The metrics, dashboard stats and sampled prefix breakers are counted later still, in
-``flush``: when the gateway next waits on a replica (the dispatcher calls it once a request is
-written upstream, so that work overlaps the backend's), after ``FLUSH_AFTER_S`` at the latest,
-and before anything reads them (``/metrics``, the dashboard's stats, a worker's parts): with a
-sequential client the next request is already waiting when the answer leaves, so work done
-between the two is on its latency. A scrape that follows a request still sees it.
+made then; the metrics, stats, prefix breakers and log line are updated by a callback that runs
+right after, once the answer is on its way. That takes their cost off every request's latency.
+The callback runs on the next turn of the loop, before the loop reads any request sent after
+the answer arrived, so a scrape that follows a request sees it.
 """
 
 import asyncio
@@ -29,9 +25,6 @@ from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
 from protocol.usage import cached_tokens
 
-FLUSH_AFTER_S = 0.05
-"""At the latest, how long after a request its metrics, stats and breaker sample are counted."""
-
 CLIENT_GONE = "client_gone"
 """Status (and, before a backend was chosen, error code) of a request whose client left."""
 
@@ -42,9 +35,6 @@ class Telemetry:
         self.stats = StatsWindow(config.stats_bucket_s, config.stats_window_s)
         self.breakers = PrefixBreakers(block_size, config.breaker_preview_chars, config.breaker_samples_per_s)
         self.log = RequestLog(config)
-        self._pending: list[tuple[RequestRecord, ServedModel | None, RouteRequest | None]] = []
-        """Records logged but not yet counted (see ``flush``), oldest first."""
-        self._flush_timer: asyncio.TimerHandle | None = None
 
     def observe_completion(
         self,
@@ -115,42 +105,16 @@ class Telemetry:
     def _observe_completion(
         self, record: RequestRecord, body: dict, model: ServedModel, route_request: RouteRequest
     ) -> None:
-        self._observe(record, body, model, route_request)
+        self._observe(record, body)
+        decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
+        self.breakers.observe(model.name, route_request.token_ids, decode)
 
-    def _observe(
-        self,
-        record: RequestRecord,
-        body: dict | None,
-        model: ServedModel | None = None,
-        route_request: RouteRequest | None = None,
-    ) -> None:
+    def _observe(self, record: RequestRecord, body: dict | None) -> None:
+        self.metrics.observe(record)
+        self.stats.add(record)
         self.log.write(record.log_fields(), body)
-        self._pending.append((record, model, route_request))
-        if self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self._flush_on_timer)
-
-    def flush(self) -> None:
-        """Count the records observed since the last flush in the metrics, stats and breakers."""
-        if not self._pending:
-            return
-        pending = self._pending[:]
-        self._pending.clear()  # the same list: a shallow copy of this object (operator views) sees it emptied
-        for record, model, route_request in pending:
-            self.metrics.observe(record)
-            self.stats.add(record)
-            if model is not None and route_request is not None:
-                decode = model.tokenizer.chat.decode if isinstance(model.tokenizer, SegmentTokenizer) else None
-                self.breakers.observe(model.name, route_request.token_ids, decode)
-
-    def _flush_on_timer(self) -> None:
-        self._flush_timer = None
-        self.flush()
 
     def close(self) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        self.flush()
         self.log.close()
 
 

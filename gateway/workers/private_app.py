@@ -30,9 +30,7 @@ def private_app(public: web.Application) -> web.Application:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    telemetry = request.app[GATEWAY].telemetry
-    telemetry.flush()
-    return web.Response(body=telemetry.metrics.exposition())
+    return web.Response(body=request.app[GATEWAY].telemetry.metrics.exposition())
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -42,7 +40,6 @@ async def _stats(request: web.Request) -> web.Response:
 
 def worker_stats(gateway: Gateway) -> dict:
     """What the dashboard needs from one worker to sum it with the others."""
-    gateway.telemetry.flush()
     return {
         "window": gateway.telemetry.stats,
         "in_flight": {
