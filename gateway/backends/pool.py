@@ -3,8 +3,7 @@
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -12,7 +11,7 @@ import aiohttp
 from gateway.admission.kv_blocks import fits
 from gateway.backends.circuit_breaker import CircuitBreaker
 from gateway.backends.load_feed import LoadFeed, read_stats, read_vllm_load
-from gateway.backends.load_view import LoadView
+from gateway.backends.load_view import LoadView, SentRequest
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.types import ReplicaState
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
@@ -105,33 +104,13 @@ class Backend:
             prefill_tokens_per_s=report.prefill_tokens_per_s if report is not None else None,
         )
 
-    @contextmanager
-    def occupy(self, prefill_tokens: int, kv_blocks: int) -> Iterator[Callable[[], None]]:
+    def occupy(self, prefill_tokens: int, kv_blocks: int) -> "Occupancy":
         """Count a request as in flight here, holding its KV reservation, for the duration of the block.
 
         Yields ``prefill_done``: call it at the first token, when the replica has finished the
         request's prefill, so routing stops counting those tokens as queued work here.
         """
-        self.in_flight += 1
-        self.in_flight_prefill_tokens += prefill_tokens
-        self.kv_reserved_blocks += kv_blocks
-        self.breaker.on_request()
-        sent = self.load.on_sent(prefill_tokens)
-        pending_prefill = prefill_tokens
-
-        def prefill_done() -> None:
-            nonlocal pending_prefill
-            self.in_flight_prefill_tokens -= pending_prefill
-            pending_prefill = 0
-            self.load.on_prefilled(sent)
-
-        try:
-            yield prefill_done
-        finally:
-            self.in_flight -= 1
-            prefill_done()
-            self.load.on_finished(sent)
-            self.kv_reserved_blocks -= kv_blocks
+        return Occupancy(self, prefill_tokens, kv_blocks)
 
     def record_check(self, ok: bool, config: HealthConfig) -> bool:
         """Apply one health-check result with the configured thresholds; True when it turned healthy."""
@@ -330,3 +309,39 @@ def _adapters(models: dict | None) -> frozenset[str]:
     data = (models or {}).get("data")
     entries = [entry for entry in data or [] if isinstance(entry, dict)]
     return frozenset(entry["id"] for entry in entries if entry.get("parent") and isinstance(entry.get("id"), str))
+
+
+class Occupancy:
+    """One request in flight on a backend (``Backend.occupy``); a plain class, not a generator
+    context manager, as it is entered once per request."""
+
+    __slots__ = ("_backend", "_kv_blocks", "_pending_prefill", "_sent")
+    _sent: SentRequest
+    """Set on entering."""
+
+    def __init__(self, backend: Backend, prefill_tokens: int, kv_blocks: int) -> None:
+        self._backend = backend
+        self._kv_blocks = kv_blocks
+        self._pending_prefill = prefill_tokens
+
+    def __enter__(self) -> Callable[[], None]:
+        backend, prefill_tokens = self._backend, self._pending_prefill
+        backend.in_flight += 1
+        backend.in_flight_prefill_tokens += prefill_tokens
+        backend.kv_reserved_blocks += self._kv_blocks
+        backend.breaker.on_request()
+        self._sent = backend.load.on_sent(prefill_tokens)
+        return self.prefill_done
+
+    def prefill_done(self) -> None:
+        backend = self._backend
+        backend.in_flight_prefill_tokens -= self._pending_prefill
+        self._pending_prefill = 0
+        backend.load.on_prefilled(self._sent)
+
+    def __exit__(self, *exc_info: object) -> None:
+        backend = self._backend
+        backend.in_flight -= 1
+        self.prefill_done()
+        backend.load.on_finished(self._sent)
+        backend.kv_reserved_blocks -= self._kv_blocks
