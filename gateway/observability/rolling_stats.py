@@ -68,7 +68,7 @@ class Bucket:
         self.overall.add(record)
         if record.backend is None:
             return
-        self.by_backend.setdefault(record.backend, Tally()).add(record)
+        _tally(self.by_backend, record.backend).add(record)
         self.reasons[record.reason] += 1
         if record.ttft_s is not None:
             self._sample_ttft(record.ttft_s)
@@ -106,10 +106,10 @@ class StatsWindow:
     def add(self, record: RequestRecord) -> None:
         self._bucket(record.finished_at).add(record)
         self.totals.add(record)
-        self.by_tenant.setdefault(record.tenant, Tally()).add(record)
+        _tally(self.by_tenant, record.tenant).add(record)
         if record.backend is None:
             return
-        self.by_backend.setdefault(record.backend, Tally()).add(record)
+        _tally(self.by_backend, record.backend).add(record)
         self.reasons[record.reason] += 1
         for rule in record.normalized_rules:
             normalization = self.normalization.setdefault(rule, Normalization())
@@ -156,6 +156,14 @@ def _backend_series(points: list[Bucket], name: str, bucket_s: float) -> dict:
 def _reason_series(points: list[Bucket]) -> dict[str, list[int]]:
     reasons = sorted({reason for bucket in points for reason in bucket.reasons})
     return {reason: [bucket.reasons.get(reason, 0) for bucket in points] for reason in reasons}
+
+
+def _tally(tallies: dict[str, Tally], name: str) -> Tally:
+    """``tallies[name]``, created when missing (``setdefault`` would build a Tally every call)."""
+    tally = tallies.get(name)
+    if tally is None:
+        tally = tallies[name] = Tally()
+    return tally
 
 
 def _ratio(part: float, whole: float) -> float | None:
