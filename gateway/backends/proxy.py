@@ -6,7 +6,9 @@ and so does a backend stream that ends without ``[DONE]`` (the client would othe
 answer for a whole one).
 Streaming requests always ask the backend for usage (the gateway needs it for metrics and
 calibration) and drop that final chunk again when the client did not ask for it. Timeouts are
-``asyncio.timeout`` scopes (a timer each), not ``wait_for`` (a task per call and per streamed line).
+one timer the upstream client arms for the answer's head, then ``asyncio.timeout`` scopes only
+where a read can wait (a body or stream still arriving), never ``wait_for`` (a task per call and
+per streamed line).
 A Responses stream (``stream_format="responses"``) carries its usage in its closing
 ``response.completed`` (or ``.incomplete``) event and ends without ``[DONE]``; it is relayed
 untouched up to the cap (past it, the gateway closes it with ``response.incomplete``).
@@ -106,14 +108,14 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
     if call.stream and call.stream_format == "chat":
         body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     try:
-        async with asyncio.timeout(call.timeouts.first_token_s):
-            upstream = await call.client.post(
-                call.url,
-                orjson.dumps(body),
-                inject_current(dict(call.upstream_headers)),
-                call.timeouts.connect_s,
-                call.on_sent,
-            )
+        upstream = await call.client.post(
+            call.url,
+            orjson.dumps(body),
+            inject_current(dict(call.upstream_headers)),
+            call.timeouts.connect_s,
+            call.on_sent,
+            timeout_s=call.timeouts.first_token_s,
+        )
     except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:

@@ -73,11 +73,14 @@ class _Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self.timed_out = False
+        """The caller's deadline for the answer's head passed (``time_out``)."""
 
     def start(self) -> None:
         """Ready the connection for the next answer."""
         self._parser = httptools.HttpResponseParser(self)
         self.headers, self.status, self.complete, self._keep_alive = None, 0, False, False
+        self.timed_out = False
         self._raw_headers.clear()
         self.body.clear()
 
@@ -156,6 +159,11 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+    def time_out(self) -> None:
+        """The deadline for the answer's head passed: wake the waiting ``post``, which gives up."""
+        self.timed_out = True
+        self._wake()
 
     def close(self) -> None:
         self.closed = True
@@ -260,33 +268,45 @@ class UpstreamClient:
         headers: dict[str, str],
         connect_timeout_s: float,
         on_sent: Callable[[], None] = lambda: None,
+        timeout_s: float | None = None,
     ) -> UpstreamResponse:
         """Send ``body`` and wait for the answer's status and headers.
 
         ``headers`` are added to Host, Content-Length and Content-Type (application/json);
-        raises UpstreamError (or TimeoutError for the connect) when no answer came. ``on_sent``
-        runs before the first wait: once the request is written on a kept-alive connection (its
-        work then overlaps the backend's), else before connecting.
+        raises UpstreamError when no answer came, TimeoutError when none came within
+        ``timeout_s`` (connecting included; one timer, cheaper than an ``asyncio.timeout``
+        scope around the call). ``on_sent`` runs before the first wait: once the request is
+        written on a kept-alive connection (its work then overlaps the backend's), else before
+        connecting.
         """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         target = _target(url)
         head = _request_head(target, len(body), headers)
         connection = self._idle_connection(target.key)
         if connection is None:
             on_sent()
-            connection = await self._connect(target, connect_timeout_s)
+            connect_s = connect_timeout_s if timeout_s is None else min(connect_timeout_s, timeout_s)
+            connection = await self._connect(target, connect_s)
             on_sent = _nothing
         connection.start()
         assert connection.transport is not None
+        timer = None if deadline is None else loop.call_at(deadline, connection.time_out)
         try:
             connection.transport.writelines([head, body])
             on_sent()
             while connection.headers is None:
                 if connection.error is not None:
                     raise connection.error
+                if connection.timed_out:
+                    raise TimeoutError(f"no answer from {target.key[1]}:{target.key[2]} within {timeout_s:g} s")
                 await connection.wait()
         except BaseException:
             connection.close()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         return UpstreamResponse(self, target.key, connection)
 
     def give_back(self, key: tuple[str, str, int], connection: _Connection) -> None:

@@ -191,3 +191,29 @@ async def test_on_sent_runs_before_any_other_task_on_new_and_kept_alive_connecti
             upstream.release()
     client.close()
     assert events == ["sent", "other task", "served"] * 2
+
+
+async def test_an_answer_head_later_than_the_timeout_raises_timeout_and_drops_the_connection() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    gate = asyncio.Event()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await gate.wait()
+        writer.write(answer)
+        await writer.drain()
+
+    server = await asyncio.start_server(late, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/x"
+    client = UpstreamClient()
+    try:
+        with pytest.raises(TimeoutError, match="no answer from"):  # not the outer bound's
+            await asyncio.wait_for(client.post(url, b"{}", {}, 1.0, timeout_s=0.05), 30)
+        assert not any(client._idle.values())
+        gate.set()
+        upstream = await client.post(url, b"{}", {}, 1.0, timeout_s=5.0)
+        assert (upstream.status, await upstream.read()) == (200, b"ok")
+        upstream.release()
+    finally:
+        client.close()
+        server.close()
