@@ -60,3 +60,11 @@ def test_other_pipelines_do_not_qualify(
 
 def test_added_tokens_left_in_the_text_disqualify(chat_tokenizer: ChatTokenizer) -> None:
     assert ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=False) is None
+
+
+def test_vocabulary_words_start_cached_with_the_tokenizers_ids(
+    chat_tokenizer: ChatTokenizer, words: ByteLevelWords
+) -> None:
+    assert len(words._ids) > 10_000, "SmolLM2's vocabulary is mostly ASCII words"
+    for word in sorted(words._ids)[::97]:
+        assert list(words._ids[word]) == chat_tokenizer.tokenizer.encode(word, add_special_tokens=False).ids
