@@ -271,8 +271,12 @@ class PrefixIndex:
             if not node:
                 break
             same = _run_length(node_hash, node, hashes, depth)
-            run = list(takewhile(bool, accumulate(node_mask[node : node + same], and_, initial=last)))
-            del run[0]
+            masks = node_mask[node : node + same]
+            if masks.count(masks[0]) == same:
+                run = [masks[0] & last] * same if masks[0] & last else []
+            else:
+                run = list(takewhile(bool, accumulate(masks, and_, initial=last)))
+                del run[0]
             running += run
             runs.append((node, len(run)))
             if len(run) < same:
@@ -701,6 +705,10 @@ def _run_length(node_hash: list[BlockHash | None], node: int, hashes: Sequence[B
     same, window, total = 1, 8, len(hashes)
     while depth + same < total:
         stop = min(total - depth, same + window)
+        if node_hash[node + same : node + stop] == hashes[depth + same : depth + stop]:
+            same = stop
+            window *= 8
+            continue
         same += sum(takewhile(bool, map(eq, node_hash[node + same : node + stop], hashes[depth + same : depth + stop])))
         if same < stop:
             break
