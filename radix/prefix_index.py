@@ -258,7 +258,8 @@ class PrefixIndex:
         The walk looks up a block in the node table only where a run of consecutive node ids
         ends: a chain's blocks created by one insert get consecutive ids, so from a block's id
         the next blocks' ids are guessed and checked against ``_hash`` (a list slice compared in
-        C, reading memory in order) instead of probing the hash table once per block.
+        C, reading memory in order) instead of probing the hash table once per block. A run whose
+        nodes all have the same holders (one replica, say) is taken whole instead of ANDed block by block.
         """
         nodes, node_hash, node_mask = self._nodes, self._hash, self._mask
         total = len(hashes)
