@@ -278,12 +278,13 @@ def build_runner(
         return SimRunner(config.block_size, budget.num_blocks, costs, tokenizer.encode_text(SIM_TEXT))
     import torch
 
-    from engine.malloc_arena import use_one_malloc_arena
+    from engine.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
     from engine.model_runner import TorchModelRunner
     from engine.omp_team import on_short_lived_thread
 
     if config.device == "cpu":
         use_one_malloc_arena()
+        keep_large_blocks_in_heap()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     return on_short_lived_thread(
