@@ -99,7 +99,9 @@ def prefers_matmul_prefill(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether multi-token chunks are faster attended by matmuls than by SDPA.
 
     Measured on CPU (``bench/VLLM.md``, section 0): bfloat16 2.5-3x faster; float32 on par (its
-    ``bmm`` is no faster than the flash kernel there), so float32 keeps SDPA. CUDA keeps SDPA.
+    ``bmm`` is no faster than the flash kernel there), and 7-15% slower when re-measured after the
+    single OpenMP team and malloc changes ("Float32 prefill, follow-up"), so float32 keeps SDPA.
+    CUDA keeps SDPA.
     """
     return device.type == "cpu" and dtype == torch.bfloat16
 
