@@ -9,16 +9,11 @@ bitmask of replicas holding each node narrows as replicas drop out). pygtrie (pu
 node by the *path* of hashes and keep a child dict plus a node object per block: several times
 the memory and a slower walk, for parent/child links this index never needs. pygtrie is not used.
 
-Nodes by id. The node table gives each node a small integer id; everything else about a node
-lives in arrays indexed by that id: ``_mask`` (replica bitmask, a list of Python ints, so any
-number of replicas), ``_hash`` (for deleting it), and one holder's LRU stamp inline
-(``_inline_slot``, ``_inline_seq``: numpy arrays). A block therefore costs at most one
-hash-table lookup per match and insert; the stamp of the replica that holds it (the common case: the first holder
-of a node keeps its stamp inline) is read and written for a whole chain at once by numpy
-fancy indexing, not by one more hash-table lookup per block. Other holders' stamps live in one
-small dict per replica keyed by block hash (``_other_seq``: the node table's own key objects,
-so an entry costs one dict slot). Ids of dropped nodes are reused; a reused id cannot revive a
-stale log reference because sequence numbers are never reused.
+Nodes by id. ``radix.node_store.NodeStore`` gives each node a small integer id and keeps, per
+id, the replica bitmask, the hash and the replicas' LRU stamps (one holder's inline in numpy
+arrays, others' in small per-replica dicts), so that a chain's stamps are read and written at
+once by numpy fancy indexing. This module keeps what the stamps mean: the touch log, LRU order,
+eviction, compaction, host tiers and the match walk.
 
 Leaves-first LRU eviction without child links. Blocks are only ever inserted or touched as
 whole chains from the root, leaf to root, so every block is more recently used than all its
@@ -55,10 +50,9 @@ tier) holds some blocks only in host memory: a hit on them is a copy, not free. 
 in any tier; ``host_blocks`` says how many of each match are host-only. Both masks are sparse:
 without host tiers they stay empty and cost nothing.
 
-Invariants (``check_integrity``):
+Invariants (``check_integrity``, with the node store's own):
 - a node exists iff at least one replica holds it, and its mask has exactly the bits of the
-  replicas whose LRU order contains it; its inline stamp is one of those replicas'; a free id
-  has mask 0, no hash and no inline stamp (slot ``NO_SLOT``, sequence number 0);
+  replicas whose LRU order contains it;
 - each replica holds at most its capacity; the index holds at most ``max_blocks`` nodes;
 - each replica's blocks are in order of last use (I1 follows when ``now`` never decreases);
 - ``_host_only`` bits are ``_on_host`` bits, and ``_on_host`` bits are holder bits.
@@ -67,18 +61,14 @@ Invariants (``check_integrity``):
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, compress, repeat, takewhile
-from operator import and_, eq, ne, not_
+from itertools import accumulate, repeat, takewhile
+from operator import and_, eq
 
 import numpy as np
 import numpy.typing as npt
 
-BlockHash = int
-NodeIds = npt.NDArray[np.int32]
+from radix.node_store import BYTES_PER_NODE, BlockHash, NodeIds, NodeStore
 
-BYTES_PER_NODE = 148
-"""A 128-bit int key (48 B), its node-table slot (~42 B), the node id int (28 B), the id's slots
-in ``_mask``, ``_hash``, ``_inline_slot`` and ``_inline_seq`` (28 B) and array headroom."""
 BYTES_PER_ENTRY = 8
 """Touch-log references (4 B each, about two per held block). bench/index_cost.py measures
 156 B per block at 1.03 entries per block."""
@@ -86,8 +76,6 @@ COMPACT_RATIO = 2
 """A replica's touch log is compacted when it references more than this many times its blocks."""
 COMPACT_FLOOR = 1024
 """References a replica's touch log may hold beyond ``COMPACT_RATIO`` times its blocks."""
-NO_SLOT = -1
-"""``_inline_slot`` of a node whose inline stamp belongs to no replica."""
 
 
 class _Touch:
@@ -125,17 +113,10 @@ class PrefixIndex:
     """Per-replica prefix index with bounded memory; all methods are synchronous and O(blocks)."""
 
     __slots__ = (
-        "_nodes",
-        "_mask",
-        "_hash",
-        "_inline_slot",
-        "_inline_seq",
-        "_free",
+        "_store",
         "_slot",
         "_names",
         "_bits",
-        "_held",
-        "_other_seq",
         "_log",
         "_log_refs",
         "_touch_of",
@@ -150,23 +131,11 @@ class PrefixIndex:
     )
 
     def __init__(self, max_blocks: int | None = None) -> None:
-        self._nodes: dict[BlockHash, int] = {}
-        """Node table: block hash -> node id (ids start at 1; 0 means none)."""
-        self._mask: list[int] = [0]
-        """Node id -> bitmask of the replicas holding it (0: a free id)."""
-        self._hash: list[BlockHash | None] = [None]
-        self._inline_slot = np.full(1, NO_SLOT, np.int32)
-        """Node id -> the replica slot whose stamp is kept inline (``NO_SLOT``: none)."""
-        self._inline_seq = np.zeros(1, np.int64)
-        self._free: list[int] = []
-        """Free node ids, reused before new ones."""
+        self._store = NodeStore()
+        """The nodes, their holders (slot numbers) and stamps; ``_store.held``: blocks per slot."""
         self._slot: dict[str, int] = {}
         self._names: list[str | None] = []
         self._bits: list[int] = []
-        self._held: list[int] = []
-        """Blocks each replica holds."""
-        self._other_seq: list[dict[BlockHash, int]] = []
-        """Per replica, its stamps of the nodes whose inline stamp is another replica's."""
         self._log: list[deque[_Touch]] = []
         self._log_refs: list[int] = []
         """Block references in each replica's touch log, stale ones included."""
@@ -196,8 +165,7 @@ class PrefixIndex:
         if slot == len(self._names):
             self._names.append(None)
             self._bits.append(1 << slot)
-            self._held.append(0)
-            self._other_seq.append({})
+            self._store.add_slot()
             self._log.append(deque())
             self._log_refs.append(0)
             self._touch_of.append({})
@@ -224,25 +192,24 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         """Number of distinct indexed blocks (nodes)."""
-        return len(self._nodes)
+        return len(self._store.nodes)
 
     @property
     def entries(self) -> int:
         """(replica, block) pairs: blocks counted once per replica holding them."""
-        return sum(self._held)
+        return sum(self._store.held)
 
     def approx_bytes(self) -> int:
         """Memory held, from the per-node and per-entry costs that bench/index_cost.py measures."""
-        return len(self._nodes) * BYTES_PER_NODE + self.entries * BYTES_PER_ENTRY
+        return len(self._store.nodes) * BYTES_PER_NODE + self.entries * BYTES_PER_ENTRY
 
     def blocks(self, replica: str) -> int:
         """Number of blocks ``replica`` holds."""
-        return self._held[self._slot[replica]]
+        return self._store.held[self._slot[replica]]
 
     def node_masks(self) -> dict[BlockHash, int]:
         """Every node's hash and replica bitmask (bit ``1 << slot``); for tests, O(nodes)."""
-        mask = self._mask
-        return {block_hash: mask[node] for block_hash, node in self._nodes.items()}
+        return self._store.node_masks()
 
     def match(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Longest cached prefix, in blocks, per replica holding at least the first block."""
@@ -257,11 +224,12 @@ class PrefixIndex:
 
         The walk looks up a block in the node table only where a run of consecutive node ids
         ends: a chain's blocks created by one insert get consecutive ids, so from a block's id
-        the next blocks' ids are guessed and checked against ``_hash`` (a list slice compared in
+        the next blocks' ids are guessed and checked against the store's ``hash`` (a list slice compared in
         C, reading memory in order) instead of probing the hash table once per block. A run whose
         nodes all have the same holders (one replica, say) is taken whole instead of ANDed block by block.
         """
-        nodes, node_hash, node_mask = self._nodes, self._hash, self._mask
+        store = self._store
+        nodes, node_hash, node_mask = store.nodes, store.hash, store.mask
         total = len(hashes)
         runs: list[tuple[int, int]] = []
         running: list[int] = []
@@ -338,17 +306,8 @@ class PrefixIndex:
             if held and hashes[:held] != found.prefix[:held]:
                 held = 0
         bit = self._bits[slot]
-        fresh = hashes[held:] if held else hashes
-        candidates = self._allocate(len(fresh))
-        got = list(map(self._nodes.setdefault, fresh, candidates))
-        if got == candidates:
-            self._create(candidates, fresh, bit)
-            created = len(candidates)
-        else:
-            is_new = list(map(eq, got, candidates))
-            self._create(list(compress(candidates, is_new)), list(compress(fresh, is_new)), bit)
-            self._free.extend(compress(candidates, map(ne, got, candidates)))
-            created = sum(is_new)
+        store = self._store
+        got, created = store.intern(hashes[held:] if held else hashes, bit)
         if found is not None and held:
             chain = np.empty(len(hashes), np.int32)
             _fill_runs(chain, found.runs, held)
@@ -357,7 +316,7 @@ class PrefixIndex:
             chain = np.array(got, np.int32)
         leaf_first = chain[::-1]
         self._seq += 1
-        old = self._restamp(slot, leaf_first, self._seq, created)
+        old = store.restamp(slot, leaf_first, self._seq, created)
         if on_host:
             self._mark_on_host(hashes[::-1], (old == 0).tolist(), bit)
         elif self._host_only:
@@ -368,9 +327,9 @@ class PrefixIndex:
         self._touch_of[slot][touch.seq] = touch
         self._log_refs[slot] += len(leaf_first)
         self._evict_to_capacity(slot)
-        if self.max_blocks is not None and len(self._nodes) > self.max_blocks:
+        if self.max_blocks is not None and len(store.nodes) > self.max_blocks:
             self._evict_to_global_cap()
-        if self._log_refs[slot] > COMPACT_RATIO * self._held[slot] + COMPACT_FLOOR:
+        if self._log_refs[slot] > COMPACT_RATIO * store.held[slot] + COMPACT_FLOOR:
             self._compact(slot)
 
     def remove(self, replica: str, hashes: Sequence[BlockHash], on_host: bool | None = None) -> None:
@@ -381,7 +340,7 @@ class PrefixIndex:
         """
         slot = self._slot[replica]
         bit = self._bits[slot]
-        nodes, mask = self._nodes, self._mask
+        nodes, mask = self._store.nodes, self._store.mask
         dropped: dict[int, None] = {}
         for block_hash in hashes:
             node = nodes.get(block_hash, 0)
@@ -400,16 +359,13 @@ class PrefixIndex:
             dropped[node] = None
         if dropped:
             ids = np.fromiter(dropped, np.int32, len(dropped))
-            self._stale[slot].update(self._stamp(slot, ids).tolist())
+            self._stale[slot].update(self._store.stamp(slot, ids).tolist())
             self._drop(slot, ids)
 
     def clear(self, replica: str) -> None:
         """``replica`` holds nothing any more (its cache was reset)."""
         slot = self._slot[replica]
-        held = np.flatnonzero(self._inline_slot == slot).astype(np.int32)
-        nodes = self._nodes
-        others = np.fromiter(map(nodes.__getitem__, self._other_seq[slot]), np.int32, len(self._other_seq[slot]))
-        self._drop(slot, np.concatenate([held, others]))
+        self._drop(slot, self._store.held_ids(slot))
         self._log[slot].clear()
         self._log_refs[slot] = 0
         self._touch_of[slot].clear()
@@ -426,34 +382,31 @@ class PrefixIndex:
 
     def last_used(self, replica: str, block_hash: BlockHash) -> float | None:
         slot = self._slot[replica]
-        node = self._nodes.get(block_hash, 0)
-        if not self._mask[node] & self._bits[slot]:
+        node = self._store.nodes.get(block_hash, 0)
+        if not self._store.mask[node] & self._bits[slot]:
             return None
-        seq = int(self._stamp(slot, np.array([node], np.int32))[0])
+        seq = int(self._store.stamp(slot, np.array([node], np.int32))[0])
         log = self._log[slot]
         return log[bisect_left(log, seq, key=lambda touch: touch.seq)].now
 
     def lru_order(self, replica: str) -> Iterator[BlockHash]:
         """``replica``'s blocks, least recently used first (the eviction order)."""
         slot = self._slot[replica]
-        hashes = self._hash
+        hashes = self._store.hash
         return (hashes[node] for touch in list(self._log[slot]) for node in self._live(slot, touch).tolist())
 
     def check_integrity(self) -> None:
-        """Assert the invariants in the module docstring; for tests."""
+        """Assert the invariants in the module docstring and the node store's; for tests."""
+        store = self._store
+        store.check_integrity(self._slot.values())
         expected: dict[BlockHash, int] = {}
         for replica, slot in self._slot.items():
             capacity = self._capacity[slot]
             log = self._log[slot]
-            inline = np.flatnonzero(self._inline_slot == slot).tolist()
-            others = [self._nodes[block_hash] for block_hash in self._other_seq[slot]]
-            assert not set(inline) & set(others), f"{replica} has a node stamped inline and in its dict"
-            assert all(self._inline_seq[inline] > 0) and all(map(bool, self._other_seq[slot].values()))
-            held = [self._hash[node] for node in inline + others]
-            assert self._held[slot] == len(held), f"{replica}'s block count is off"
+            held = [store.hash[node] for node in store.held_ids(slot).tolist()]
             assert capacity is None or len(held) <= capacity, f"{replica} holds {len(held)} > {capacity}"
             order = list(self.lru_order(replica))
-            assert sorted(order) == sorted(held), f"{replica}'s touch log and stamps disagree"  # type: ignore[type-var]
+            assert sorted(order) == sorted(held), f"{replica}'s touch log and stamps disagree"
             times = [touch.now for touch in log]
             assert times == sorted(times), f"{replica}'s LRU order is not ordered by time"
             assert [touch.seq for touch in log] == sorted({touch.seq for touch in log}), "touch order"
@@ -464,99 +417,13 @@ class PrefixIndex:
             for block_hash in order:
                 expected[block_hash] = expected.get(block_hash, 0) | self._bits[slot]
         for slot, name in enumerate(self._names):
-            assert name is not None or not self._held[slot], f"free slot {slot} holds blocks"
+            assert name is not None or not store.held[slot], f"free slot {slot} holds blocks"
         assert expected == self.node_masks(), "replica masks disagree with the replicas' blocks"
-        for node in self._nodes.values():
-            assert self._hash[node] is not None and self._nodes[self._hash[node]] == node  # type: ignore[index]
-            owner = int(self._inline_slot[node])
-            assert owner != NO_SLOT and self._mask[node] >> owner & 1, "a live node's inline stamp is no holder's"
-        free = set(self._free)
-        assert len(free) == len(self._free) and not free & set(self._nodes.values()), "a free id is in use"
-        for node in free:
-            assert not self._mask[node] and self._hash[node] is None, f"free id {node} in use"
-            assert self._inline_slot[node] == NO_SLOT and self._inline_seq[node] == 0, f"free id {node} stamped"
-        assert len(self._nodes) + len(free) == len(self._mask) - 1, "an id is neither in use nor free"
         for block_hash, mask in self._on_host.items():
             assert mask and mask & ~expected.get(block_hash, 0) == 0, "a host bit without a holder bit"
         for block_hash, mask in self._host_only.items():
             assert mask and mask & ~self._on_host.get(block_hash, 0) == 0, "a host-only bit without a host bit"
-        assert self.max_blocks is None or len(self._nodes) <= self.max_blocks
-
-    def _allocate(self, count: int) -> list[int]:
-        """``count`` free node ids, the arrays grown to hold them; the caller uses or frees them."""
-        free = self._free
-        if len(free) < count:
-            first = len(self._mask)
-            grown = first + count - len(free)
-            self._mask.extend(repeat(0, grown - first))
-            self._hash.extend(repeat(None, grown - first))
-            if grown > len(self._inline_slot):
-                size = max(grown, 2 * len(self._inline_slot))
-                inline_slot = np.full(size, NO_SLOT, np.int32)
-                inline_slot[: len(self._inline_slot)] = self._inline_slot
-                inline_seq = np.zeros(size, np.int64)
-                inline_seq[: len(self._inline_seq)] = self._inline_seq
-                self._inline_slot, self._inline_seq = inline_slot, inline_seq
-            free.extend(range(grown - 1, first - 1, -1))
-        taken = free[len(free) - count :]
-        del free[len(free) - count :]
-        taken.reverse()
-        return taken
-
-    def _create(self, ids: list[int], hashes: list[BlockHash], bit: int) -> None:
-        """New nodes ``ids`` for ``hashes``, held by the replica of ``bit`` once ``_restamp`` stamps them."""
-        mask, node_hash = self._mask, self._hash
-        for node, block_hash in zip(ids, hashes, strict=True):
-            mask[node] = bit
-            node_hash[node] = block_hash
-
-    def _stamp(self, slot: int, ids: NodeIds) -> npt.NDArray[np.int64]:
-        """The replica's stamps of nodes ``ids`` (0: not held)."""
-        inline_slot = self._inline_slot[ids]
-        mine = inline_slot == slot
-        seqs = np.where(mine, self._inline_seq[ids], 0)
-        other = self._other_seq[slot]
-        if other:
-            elsewhere = np.flatnonzero(~mine & (inline_slot != NO_SLOT))
-            if len(elsewhere):
-                node_hash = self._hash
-                seqs[elsewhere] = [other.get(node_hash[node], 0) for node in ids[elsewhere].tolist()]
-        return seqs
-
-    def _restamp(self, slot: int, ids: NodeIds, seq: int, created: int) -> npt.NDArray[np.int64]:
-        """Stamp nodes ``ids`` (live, ``created`` of them just now) with ``seq`` for the replica,
-        which now holds them all; returns their old stamps (0: newly held).
-
-        The stamp goes inline where it is already (or the node is new: no inline stamp, and a
-        free id's inline stamp is 0), in the replica's dict where another replica's stamp is
-        inline; a node the replica joins gets its bit.
-        """
-        inline_slot = self._inline_slot[ids]
-        mine = inline_slot == slot
-        self._held[slot] += created
-        if np.count_nonzero(mine) + created == len(ids):
-            old = self._inline_seq[ids]
-            self._inline_slot[ids] = slot
-            self._inline_seq[ids] = seq
-            return old
-        old = np.where(mine, self._inline_seq[ids], 0)
-        inline = mine | (inline_slot == NO_SLOT)
-        claimed = ids[inline]
-        self._inline_slot[claimed] = slot
-        self._inline_seq[claimed] = seq
-        elsewhere = ~inline
-        nodes = ids[elsewhere].tolist()
-        other = self._other_seq[slot]
-        keys = [self._hash[node] for node in nodes]
-        seqs = list(map(other.get, keys, repeat(0)))
-        old[elsewhere] = seqs
-        other.update(zip(keys, repeat(seq)))
-        bit = self._bits[slot]
-        mask = self._mask
-        for node in compress(nodes, map(not_, seqs)):
-            mask[node] |= bit
-            self._held[slot] += 1
-        return old
+        assert self.max_blocks is None or len(store.nodes) <= self.max_blocks
 
     def _note_stale(self, slot: int, old: npt.NDArray[np.int64]) -> None:
         """Note the touches that stamped ``old`` (0: none) as holding stale references now.
@@ -570,51 +437,19 @@ class PrefixIndex:
 
     def _live(self, slot: int, touch: _Touch) -> NodeIds:
         """The nodes ``touch`` is still the latest touch of, in LRU order."""
-        return touch.chain[self._stamp(slot, touch.chain) == touch.seq]
+        return touch.chain[self._store.stamp(slot, touch.chain) == touch.seq]
 
     def _drop(self, slot: int, ids: NodeIds) -> None:
-        """The replica no longer holds nodes ``ids`` (all held by it); nodes nobody holds are freed.
-
-        Where the replica's stamp was inline and others still hold the node, the lowest of them
-        moves its stamp inline, so that only free nodes have no inline stamp.
-        """
+        """The replica no longer holds nodes ``ids`` (all held by it), in any tier."""
         if not len(ids):
             return
         self._generation += 1
-        self._held[slot] -= len(ids)
-        bit = self._bits[slot]
-        nodes, mask, node_hash = self._nodes, self._mask, self._hash
-        inline = self._inline_slot[ids] == slot
-        if not inline.all():
-            other = self._other_seq[slot]
-            for node in ids[~inline].tolist():
-                del other[node_hash[node]]
-        node_list = ids.tolist()
         if self._on_host:
-            for node in node_list:
+            bit, node_hash = self._bits[slot], self._store.hash
+            for node in ids.tolist():
                 _clear_bit(self._on_host, node_hash[node], bit)
                 _clear_bit(self._host_only, node_hash[node], bit)
-        freed: list[int] = []
-        not_bit = ~bit
-        for node in node_list:
-            left = mask[node] & not_bit
-            if left:
-                mask[node] = left
-            else:
-                del nodes[node_hash[node]]
-                mask[node] = 0
-                node_hash[node] = None
-                freed.append(node)
-        self._inline_slot[freed] = NO_SLOT
-        self._inline_seq[freed] = 0
-        self._free += freed
-        if len(freed) < len(node_list):
-            for node in ids[inline].tolist():
-                left = mask[node]
-                if left:
-                    heir = (left & -left).bit_length() - 1
-                    self._inline_slot[node] = heir
-                    self._inline_seq[node] = self._other_seq[heir].pop(node_hash[node])
+        self._store.drop(slot, ids)
 
     def _mark_on_host(self, blocks: list[BlockHash], joining: list[bool], bit: int) -> None:
         """Blocks now in the replica's host tier; those it did not hold before are host-only."""
@@ -631,7 +466,7 @@ class PrefixIndex:
 
     def _evict_to_capacity(self, slot: int) -> None:
         capacity = self._capacity[slot]
-        held = self._held[slot]
+        held = self._store.held[slot]
         if capacity is not None and held > capacity:
             self._evict_oldest(slot, held - eviction_target(capacity))
 
@@ -683,9 +518,10 @@ class PrefixIndex:
         """
         assert self.max_blocks is not None
         target = eviction_target(self.max_blocks)
-        while len(self._nodes) > target:
-            slot = max(self._slot.values(), key=lambda s: self._held[s])
-            self._evict_oldest(slot, len(self._nodes) - target)
+        store = self._store
+        while len(store.nodes) > target:
+            slot = max(self._slot.values(), key=lambda s: store.held[s])
+            self._evict_oldest(slot, len(store.nodes) - target)
 
 
 def _fill_runs(chain: NodeIds, runs: list[tuple[int, int]], count: int) -> None:

@@ -337,7 +337,7 @@ def test_insert_with_handle_skips_the_held_prefix_lookups() -> None:
             self.looked_up.append(key)
             return super().setdefault(key, default)
 
-    index._nodes = CountingDict(index._nodes)
+    index._store.nodes = CountingDict(index._store.nodes)
     index.insert("a", hashes, 2.0, found=found)
     assert sorted(CountingDict.looked_up) == sorted(hashes[4:])
     index.check_integrity()
@@ -376,7 +376,7 @@ def test_match_looks_up_only_where_a_run_of_node_ids_ends() -> None:
             self.looked_up.append(key)
             return super().get(key, default)
 
-    index._nodes = CountingDict(index._nodes)
+    index._store.nodes = CountingDict(index._store.nodes)
     unheld = chain([98, 98])
     assert index.match(hashes + unheld) == {"a": 32}
     assert CountingDict.looked_up == [hashes[0], hashes[16], unheld[0]]
