@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest adapter rank accepted; a higher one stops the engine at start-up (default: %(default)s)",
     )  # fmt: skip
     lora.add_argument(
+        "--max-loras", type=positive_int,
+        help="most distinct adapters in one step (vLLM's flag); a request for another adapter waits until a running "
+        "one drains (default: no limit, every loaded adapter may share a step; vLLM's default is 1)",
+    )  # fmt: skip
+    lora.add_argument(
         "--enable-lora", action="store_true",
         help="accepted for vLLM command-line compatibility: adapters are enabled by --lora-modules",
     )  # fmt: skip
@@ -259,6 +264,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         log_level=args.log_level,
         lora_modules=tuple(args.lora_modules),
         max_lora_rank=args.max_lora_rank,
+        max_loras=args.max_loras,
     )
 
 
@@ -322,7 +328,7 @@ def build_server(config: EngineConfig) -> EngineServer:
     runner = build_runner(config, budget, tokenizer, host_blocks, adapters)
     retention = SessionRetention(int(config.session_retain_fraction * budget.num_blocks), config.session_ttl_s)
     block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
-    scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+    scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.max_loras)
     metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks, host_blocks)
     publisher = None
     if config.kv_events:

@@ -57,6 +57,10 @@ class EngineConfig:
     lora_modules: tuple[LoRAModule, ...] = ()
     """LoRA adapters served beside the base model; a request names one as its ``model``."""
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    max_loras: int | None = None
+    """Most distinct adapters among running sequences (vLLM's ``--max-loras``); None: no limit.
+    vLLM defaults to 1 because it preallocates that many adapter slots on the GPU; this engine
+    keeps every adapter loaded, so a limit only costs batching, and mixed steps stay the default."""
 
     @property
     def sim(self) -> bool:

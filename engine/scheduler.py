@@ -5,6 +5,12 @@ token, an unfinished prefill takes the next chunk that fits), then waiting seque
 order while blocks and the sequence cap allow. When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed (its full blocks stay in the
 prefix cache) and it goes back to the head of the queue to be recomputed.
+
+With ``max_loras`` (vLLM's ``--max-loras``), the running sequences use at most that many
+distinct LoRA adapters, so no step holds more (base-model sequences do not count). A waiting
+request for another adapter waits; base-model requests behind it may still start, but adapter
+requests behind it wait too, so the running adapters drain and it cannot be starved by a
+steady stream of requests for adapters already running.
 """
 
 from collections import deque
@@ -29,10 +35,14 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_loras: int | None = None
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_loras = max_loras
+        """Most distinct LoRA adapters among the running sequences; None: no limit."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -60,11 +70,18 @@ class Scheduler:
                 break
             preempted |= self.num_preemptions > preemptions_before
             budget -= self._add_chunk(step, seq, budget)
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        adapters = {seq.lora_id for seq in self.running if seq.lora_id} if self.max_loras is not None else set()
+        passed = 0  # requests left waiting for an adapter slot, ahead of the one looked at
+        while passed < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[passed]
+            if seq.lora_id and not self._adapter_fits(seq.lora_id, adapters, passed > 0):
+                passed += 1
+                continue
             if not self.block_manager.allocate(seq):
                 break
-            self.waiting.popleft()
+            del self.waiting[passed]
+            if seq.lora_id:
+                adapters.add(seq.lora_id)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
                 seq.num_host_cached_tokens = seq.num_host_hit_tokens
@@ -90,6 +107,14 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def _adapter_fits(self, lora_id: int, running: set[int], behind_a_waiting_one: bool) -> bool:
+        """Whether a waiting request for adapter ``lora_id`` may start beside the ``running`` adapters.
+
+        Not behind a request already left waiting for an adapter slot: it is first in line."""
+        if self.max_loras is None:
+            return True
+        return not behind_a_waiting_one and (lora_id in running or len(running) < self.max_loras)
 
     def _make_room(self, seq: Sequence) -> bool:
         """Ensure ``seq`` has blocks for all its tokens, preempting newer sequences as needed.

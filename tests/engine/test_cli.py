@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from engine.cli import build_parser, config_from_args, main
+from engine.cli import build_parser, build_server, config_from_args, main
 from engine.kv_budget import KVBudgetError, plan_kv_budget
 from planner.load import load_arch
 from tests.procs import REPO
@@ -67,3 +67,11 @@ def test_simulated_engine_builds_without_torch_or_transformers() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_max_loras_is_accepted_and_reaches_the_scheduler() -> None:
+    args = build_parser().parse_args(["--sim", "--num-blocks", "600", "--max-loras", "2"])
+    assert build_server(config_from_args(args)).engine.scheduler.max_loras == 2
+    assert config_from_args(build_parser().parse_args([])).max_loras is None, "default: no limit"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-loras", "0"])

@@ -1,0 +1,90 @@
+"""Scheduler with ``max_loras`` (vLLM's ``--max-loras``): no step holds more distinct adapters,
+base-model requests are not held up by it, and a request for another adapter is not starved."""
+
+from engine.block_manager import BlockManager
+from engine.lora_modules import LoRARef
+from engine.runner_api import SamplingParams, SeqChunk
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.sim_runner import SIM_PRESETS, SimRunner
+
+BLOCK = 4
+WORDS = list(range(1000, 1010))
+ADAPTERS = {lora_id: LoRARef(f"adapter-{lora_id}", lora_id) for lora_id in (1, 2, 3)}
+
+
+def make_scheduler(max_loras: int | None, max_num_seqs: int = 16) -> Scheduler:
+    return Scheduler(BlockManager(256, BLOCK, "test-model"), max_num_seqs, 256, max_loras=max_loras)
+
+
+def make_seq(seq_id: int, lora_id: int, max_tokens: int = 4) -> Sequence:
+    prompt = [(seq_id * 7 + i) % 50 for i in range(6)]
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return Sequence(seq_id, prompt, sampling, max_total_tokens=64, adapter=ADAPTERS.get(lora_id))
+
+
+def run_step(scheduler: Scheduler) -> list[SeqChunk]:
+    """One step with the instant cost model; finished sequences leave the scheduler."""
+    runner = SimRunner(BLOCK, scheduler.block_manager.num_blocks, SIM_PRESETS["instant"], WORDS)
+    step = scheduler.schedule()
+    scheduler.postprocess(step, runner.execute(step.chunks))
+    for seq in step.seqs:
+        if seq.finish_reason is not None:
+            scheduler.finish(seq)
+    scheduler.block_manager.assert_invariants()
+    return step.chunks
+
+
+def adapters_per_step(scheduler: Scheduler, max_steps: int = 200) -> list[set[int]]:
+    """Run until idle; the distinct adapters (not the base model) of each step."""
+    steps: list[set[int]] = []
+    while scheduler.has_work:
+        steps.append({chunk.lora_id for chunk in run_step(scheduler) if chunk.lora_id})
+        assert len(steps) < max_steps, "scheduler made no progress"
+    return steps
+
+
+def test_no_step_holds_more_than_max_loras_adapters() -> None:
+    scheduler = make_scheduler(max_loras=2)
+    seqs = [make_seq(seq_id, lora_id) for seq_id, lora_id in enumerate([1, 2, 3, 1, 3, 2, 0, 3])]
+    for seq in seqs:
+        scheduler.add(seq)
+    steps = adapters_per_step(scheduler)
+    assert max(map(len, steps)) == 2
+    assert set().union(*steps) == {1, 2, 3}
+    assert all(seq.finish_reason == "length" for seq in seqs)
+
+
+def test_without_a_limit_every_adapter_shares_the_first_step() -> None:
+    scheduler = make_scheduler(max_loras=None)
+    for seq_id, lora_id in enumerate([1, 2, 3]):
+        scheduler.add(make_seq(seq_id, lora_id))
+    assert {chunk.lora_id for chunk in run_step(scheduler)} == {1, 2, 3}
+
+
+def test_base_model_requests_pass_a_request_waiting_for_an_adapter_slot() -> None:
+    scheduler = make_scheduler(max_loras=1)
+    for seq_id, lora_id in enumerate([1, 2, 0, 1]):
+        scheduler.add(make_seq(seq_id, lora_id))
+    first = run_step(scheduler)
+    assert [(chunk.seq_id, chunk.lora_id) for chunk in first] == [(0, 1), (2, 0)]
+    assert [seq.seq_id for seq in scheduler.waiting] == [1, 3], "adapter 1's later request queues behind adapter 2"
+
+
+def test_a_request_for_another_adapter_is_not_starved_by_a_steady_stream() -> None:
+    """Adapter 1's requests keep arriving, one per step, each running a few steps: adapter 2's
+    request, queued behind the first, still starts once the running adapter-1 requests drain."""
+    scheduler = make_scheduler(max_loras=1)
+    scheduler.add(make_seq(0, 1))
+    run_step(scheduler)
+    waiting = make_seq(1, 2)
+    scheduler.add(waiting)
+    for seq_id in range(2, 40):
+        scheduler.add(make_seq(seq_id, 1))
+        if any(chunk.seq_id == waiting.seq_id for chunk in run_step(scheduler)):
+            break
+    else:
+        raise AssertionError("the adapter-2 request never started")
+    assert seq_id < 10, f"it waited {seq_id} steps"
+    assert {seq.lora_id for seq in scheduler.running} == {2}
+    assert max(map(len, adapters_per_step(scheduler))) == 1
