@@ -190,36 +190,57 @@ async def burst(first: ManagedProcess, second: ManagedProcess) -> None:
 
 
 def test_each_gateway_sees_the_load_another_placed(fleet: Fleet) -> None:
+    """Requests one gateway placed count as load at another, which routes a new request around
+    them. The check needs them still running when it routes, which a slow machine can outlast (a
+    placed request runs for ``LONG_TOKENS`` sim decode steps): then it is made again."""
     placing, watching = fleet.gateways[0], fleet.gateways[1]
-    asyncio.run(place_and_watch(placing, watching))
+    for attempt in range(3):
+        if asyncio.run(place_and_watch(placing, watching, attempt)):
+            return
+    pytest.fail("the placed requests finished before the watching gateway routed, three times running")
 
 
-async def place_and_watch(placing: ManagedProcess, watching: ManagedProcess) -> None:
-    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 1500, "stream": True}
+LONG_TOKENS = 2000
+"""Decode steps of a placed request: at least 10 s at the fleet's 5 ms sim decode step."""
+
+
+async def place_and_watch(placing: ManagedProcess, watching: ManagedProcess, attempt: int) -> bool:
+    """Place two long streams through ``placing``; once ``watching`` sees them, a fresh prompt sent
+    to ``watching`` must avoid their replicas. False when the streams were no longer all running
+    after that request was routed (the check says nothing then)."""
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": LONG_TOKENS, "stream": True}
     async with aiohttp.ClientSession() as session:
         streams = [await session.post(f"{placing.url}/v1/completions", json=body) for _ in range(2)]
         try:
             for stream in streams:
+                assert stream.status == 200, await stream.text()
                 await stream.content.readline()
-            placed = {
-                replica["name"]: replica["in_flight"]
-                for replica in (await get_json(session, f"{placing.url}/dashboard/stats.json"))["replicas"]
-                if replica["in_flight"]
-            }
-            assert sum(placed.values()) == 2
+            placed = await in_flight(session, placing)
+            assert sum(placed.values()) == 2, placed
 
             def sees_placed(replicas: list[dict]) -> bool:
                 return all(replica["num_running"] >= placed.get(replica["name"], 0) for replica in replicas)
 
             seen = await until_watched(session, watching, sees_placed)
             assert all(replica["in_flight"] == 0 for replica in seen), "the watching gateway sent nothing itself"
-            fresh = {"model": MODEL, "prompt": [7, 8, 9] * 30, "max_tokens": 1}
+            rng = random.Random(f"fresh-{attempt}")
+            fresh = {"model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(90)], "max_tokens": 1}
             async with session.post(f"{watching.url}/v1/completions", json=fresh) as reply:
                 assert reply.status == 200
-                assert reply.headers["x-kvgate-backend"] not in placed, f"routed onto a loaded replica: {seen}"
+                chosen = reply.headers["x-kvgate-backend"]
+            if await in_flight(session, placing) != placed:
+                return False
+            assert chosen not in placed, f"routed onto a loaded replica: {seen}"
+            return True
         finally:
             for stream in streams:
                 stream.close()
+
+
+async def in_flight(session: aiohttp.ClientSession, gateway: ManagedProcess) -> dict[str, int]:
+    """The gateway's requests in flight, per replica that has any."""
+    replicas = (await get_json(session, f"{gateway.url}/dashboard/stats.json"))["replicas"]
+    return {replica["name"]: replica["in_flight"] for replica in replicas if replica["in_flight"]}
 
 
 async def until_watched(
@@ -230,5 +251,5 @@ async def until_watched(
         replicas = (await get_json(session, f"{gateway.url}/dashboard/stats.json"))["replicas"]
         if condition(replicas):
             return replicas
-        assert time.monotonic() < deadline, f"never seen: {orjson.dumps(replicas)}"
+        assert time.monotonic() < deadline, f"never seen: {orjson.dumps(replicas).decode()}"
         await asyncio.sleep(0.05)
