@@ -4,6 +4,7 @@ gateway started after the caches are warm learns them through replay (the engine
 buffers are tiny, so it gets their snapshots), and each gateway sees the load the others place."""
 
 import asyncio
+import functools
 import itertools
 import random
 import time
@@ -128,7 +129,11 @@ def reset_caches(fleet: Fleet) -> None:
         request = f"{engine.url}/reset_prefix_cache"
         asyncio.run(_post(request))
     for gateway in fleet.gateways:
-        wait_until(lambda gateway=gateway: not any(asyncio.run(index_blocks(gateway)).values()))
+        wait_until(functools.partial(index_is_empty, gateway))
+
+
+def index_is_empty(gateway: ManagedProcess) -> bool:
+    return not any(asyncio.run(index_blocks(gateway)).values())
 
 
 async def _post(url: str) -> None:
