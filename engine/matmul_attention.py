@@ -10,6 +10,7 @@ the kernel for bfloat16), then ·V. A tile touches only the keys up to its last 
 halves the work) and its scores stay small enough for the cache.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,8 +66,16 @@ def query_tiles(
     return tiles
 
 
+TileProducts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[QueryTile], torch.Tensor], None]
+"""Attends every tile: ``(query_h, keys_h, values, tiles, out)``, writing ``out`` ``[count, kv_heads, group, dim]``."""
+
+
 def tiled_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile]
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    tiles: list[QueryTile],
+    products: TileProducts | None = None,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[count, heads, dim]`` over ``keys``/``values`` ``[context, kv_heads, dim]``.
 
@@ -77,7 +86,8 @@ def tiled_attention(
 
     float32 multiplies one KV head at a time with ``matmul_nt`` (oneDNN; MKL's float32 ``bmm`` is
     2-2.6x slower here). bfloat16 multiplies all KV heads at once with ``baddbmm``/``bmm``, which
-    PyTorch already sends to oneDNN, 4-7% faster than per-head calls (``bench/VLLM.md``).
+    PyTorch already sends to oneDNN, 4-7% faster than per-head calls (``bench/VLLM.md``, measured
+    with ``bench.engine.step_profile``). ``products`` overrides the choice.
     """
     count, heads, dim = query.shape
     kv_heads = keys.shape[1]
@@ -85,12 +95,13 @@ def tiled_attention(
     query_h = query.view(count, kv_heads, group, dim).transpose(0, 1).contiguous().view(kv_heads, count * group, dim)
     keys_h = keys.transpose(0, 1).contiguous()
     out = torch.empty_like(query)
-    tiles_of = _onednn_tiles if query.dtype == torch.float32 else _bmm_tiles
-    tiles_of(query_h, keys_h, values, tiles, out.view(count, kv_heads, group, dim))
+    if products is None:
+        products = onednn_tiles if query.dtype == torch.float32 else bmm_tiles
+    products(query_h, keys_h, values, tiles, out.view(count, kv_heads, group, dim))
     return out
 
 
-def _onednn_tiles(
+def onednn_tiles(
     query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
 ) -> None:
     """Each tile per KV head; V copied feature-major per tile (``[kv_heads, dim, width]``), the
@@ -110,7 +121,7 @@ def _onednn_tiles(
             out[tile.rows, head] = matmul_nt(probs, values_t[head]).view(rows, group, dim)
 
 
-def _bmm_tiles(
+def bmm_tiles(
     query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
 ) -> None:
     """Each tile for all KV heads at once (KV heads as the batch)."""

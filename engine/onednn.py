@@ -1,9 +1,9 @@
 """oneDNN matrix products on CPU.
 
-PyTorch sends a float32 ``mm``/``bmm``/``F.linear`` to MKL, which on the AMD EPYC we measure on
-runs at about 150-215 GFLOP/s on two cores; oneDNN's ``mkldnn._linear_pointwise`` runs the same
-products at 390-490 GFLOP/s (``bench/VLLM.md``, "Float32 attention on oneDNN"). bfloat16 products
-go to oneDNN either way.
+PyTorch sends a float32 ``mm``/``bmm``/``F.linear`` (and the CPU flash-attention kernel's inner
+products) to MKL, which on the AMD EPYC we measure on runs the model's shapes at 108-112 GFLOP/s
+on one thread; oneDNN's ``mkldnn._linear_pointwise`` runs them at 235-246 GFLOP/s
+(``python -m bench.engine.matmul_libraries``). bfloat16 products go to oneDNN either way.
 """
 
 import torch
