@@ -6,8 +6,9 @@ one batched call, keys padded to the longest context and masked), then each mult
 the sliding window if the model has one): the causal mask is aligned bottom-right, since a
 chunk's queries start at ``start_pos`` while its keys start at 0.
 
-On CPU in bfloat16, multi-token chunks are attended by ``engine.matmul_attention`` (batched
-matmuls tile by tile, 2.5-3x faster there than the CPU flash kernel); everywhere else by SDPA.
+On CPU in float32 and bfloat16, multi-token chunks are attended by ``engine.matmul_attention``
+(oneDNN matmuls tile by tile, 1.7-3x faster there than the CPU flash kernel); everywhere else by
+SDPA.
 """
 
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from engine.flashinfer_attention import FlashInferAttention
 from engine.kv_cache import PagedKVCache
 from engine.matmul_attention import QueryTile, query_tiles, tiled_attention
+from engine.onednn import ONEDNN_DTYPES, onednn_available
 from engine.runner_api import SeqChunk
 from radix.blocks import blocks_for
 
@@ -96,14 +98,12 @@ class AttentionMetadata:
 
 
 def prefers_matmul_prefill(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether multi-token chunks are faster attended by matmuls than by SDPA.
+    """Whether multi-token chunks are faster attended by oneDNN matmuls than by SDPA.
 
-    Measured on CPU (``bench/VLLM.md``, section 0): bfloat16 2.5-3x faster; float32 on par (its
-    ``bmm`` is no faster than the flash kernel there), and 7-15% slower when re-measured after the
-    single OpenMP team and malloc changes ("Float32 prefill, follow-up"), so float32 keeps SDPA.
-    CUDA keeps SDPA.
+    Measured on CPU (``bench/VLLM.md``): float32 1.7x faster than the flash kernel for a cached
+    prompt, bfloat16 2.5-3x. CUDA (and float16, and a CPU build without oneDNN) keeps SDPA.
     """
-    return device.type == "cpu" and dtype == torch.bfloat16
+    return device.type == "cpu" and dtype in ONEDNN_DTYPES and onednn_available()
 
 
 def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:

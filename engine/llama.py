@@ -16,6 +16,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kv_cache import PagedKVCache
 from engine.lora_batch import LoRABatch
+from engine.onednn import matmul_nt, uses_onednn
 
 Weights = dict[str, torch.Tensor]
 
@@ -76,20 +77,13 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.bias = bias
         self.out_features = weight.shape[0]
-        self.packed = weight.device.type == "cpu" and weight.dtype in _ONEDNN_DTYPES and _onednn_available()
+        self.packed = uses_onednn(weight)
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return matmul_nt(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,21 @@
-"""Prefill attention built from batched matmuls, tile by tile of queries (CPU, bfloat16).
+"""Prefill attention built from oneDNN matmuls, tile by tile of queries (CPU, float32 and bfloat16).
 
-PyTorch's CPU flash-attention kernel runs a 1,536-token causal prefill at ~64 GFLOP/s on the
-AVX512-BF16 EPYC we measure on, while a bfloat16 ``bmm`` runs 5-6x faster (``bench/VLLM.md``).
-So for a chunk's queries, one tile of rows at a time: scores = Q·Kᵀ (one ``baddbmm`` per tile,
-KV heads as the batch and each KV head's query heads stacked as rows, so GQA reads each key
-once), masked where a query may not see a key, softmax (computed in float32 inside the kernel),
-then ·V. A tile touches only the keys up to its last query (causality halves the work) and its
-scores stay small enough for the cache.
+PyTorch's CPU flash-attention kernel runs a cached 128-token prefill over 1,536 keys at ~150
+GFLOP/s in float32 and a 1,536-token causal one at ~64 GFLOP/s in bfloat16 on the AVX512-BF16
+EPYC we measure on; its inner products go through MKL (float32), while oneDNN runs the same
+products at 390-490 GFLOP/s (``bench/VLLM.md``). So for a chunk's queries, one tile of rows at a
+time and one KV head at a time (that head's query heads stacked as rows, so GQA reads each key
+once): scores = Q·Kᵀ, masked where a query may not see a key, softmax (computed in float32 inside
+the kernel for bfloat16), then ·V. A tile touches only the keys up to its last query (causality
+halves the work) and its scores stay small enough for the cache.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from engine.onednn import matmul_nt
 
 TILE_ROWS = 128
 """Query rows per tile. 64 and 128 cost the same on a 1,536-token prompt; 256 was 2-3x slower
@@ -62,42 +66,80 @@ def query_tiles(
     return tiles
 
 
+TileProducts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[QueryTile], torch.Tensor], None]
+"""Attends every tile: ``(query_h, keys_h, values, tiles, out)``, writing ``out`` ``[count, kv_heads, group, dim]``."""
+
+
 def tiled_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile]
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    tiles: list[QueryTile],
+    products: TileProducts | None = None,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[count, heads, dim]`` over ``keys``/``values`` ``[context, kv_heads, dim]``.
 
-    Returns ``[count, heads, dim]``; the scale is SDPA's default, ``dim ** -0.5``.
+    Returns ``[count, heads, dim]``; the scale is SDPA's default, ``dim ** -0.5``. Q and K are
+    first copied head-major (``[kv_heads, tokens, ...]``), once per call: then a tile's queries
+    for one KV head are one ``[rows * group, dim]`` matrix (row ``r``'s query heads are rows
+    ``r * group ..``) and its keys a contiguous ``[width, dim]`` one.
 
-    Q, K and V are first copied head-major (``[kv_heads, tokens, ...]``), once per call: then a
-    tile's queries are one ``[kv_heads, rows * group, dim]`` view (row ``r``'s query heads are rows
-    ``r * group ..``), and ``bmm`` reads K and V as plain matrices, which was 1.6x faster for Q·Kᵀ
-    than over the strided token-major views.
+    float32 multiplies one KV head at a time with ``matmul_nt`` (oneDNN; MKL's float32 ``bmm`` is
+    2-2.6x slower here). bfloat16 multiplies all KV heads at once with ``baddbmm``/``bmm``, which
+    PyTorch already sends to oneDNN, 4-7% faster than per-head calls (``bench/VLLM.md``, measured
+    with ``bench.engine.step_profile``). ``products`` overrides the choice.
     """
     count, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
-    scale = dim**-0.5
     query_h = query.view(count, kv_heads, group, dim).transpose(0, 1).contiguous().view(kv_heads, count * group, dim)
     keys_h = keys.transpose(0, 1).contiguous()
-    values_h = values.transpose(0, 1).contiguous()
     out = torch.empty_like(query)
-    out_grouped = out.view(count, kv_heads, group, dim)
-    zero = query.new_zeros(1, 1, 1)
+    if products is None:
+        products = onednn_tiles if query.dtype == torch.float32 else bmm_tiles
+    products(query_h, keys_h, values, tiles, out.view(count, kv_heads, group, dim))
+    return out
+
+
+def onednn_tiles(
+    query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
+) -> None:
+    """Each tile per KV head; V copied feature-major per tile (``[kv_heads, dim, width]``), the
+    contiguous layout oneDNN needs for ·V (a strided one takes a path 1,000x slower)."""
+    kv_heads, group, dim = keys_h.shape[0], out.shape[2], out.shape[3]
+    query_h = query_h * dim**-0.5
     for tile in tiles:
         rows = tile.rows.stop - tile.rows.start
         width = tile.key_end - tile.key_begin
-        tile_query = query_h[:, tile.rows.start * group : tile.rows.stop * group]
+        values_t = values[tile.key_begin : tile.key_end].permute(1, 2, 0).contiguous()
+        for head in range(kv_heads):
+            tile_query = query_h[head, tile.rows.start * group : tile.rows.stop * group]
+            scores = matmul_nt(tile_query, keys_h[head, tile.key_begin : tile.key_end])
+            if tile.bias is not None:
+                scores.view(rows, group, width)[..., tile.masked_from - tile.key_begin :].add_(tile.bias[:, None])
+            probs = torch.softmax(scores, dim=-1)
+            out[tile.rows, head] = matmul_nt(probs, values_t[head]).view(rows, group, dim)
+
+
+def bmm_tiles(
+    query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
+) -> None:
+    """Each tile for all KV heads at once (KV heads as the batch)."""
+    kv_heads, group, dim = keys_h.shape[0], out.shape[2], out.shape[3]
+    values_h = values.transpose(0, 1).contiguous()
+    zero = query_h.new_zeros(1, 1, 1)
+    for tile in tiles:
+        rows = tile.rows.stop - tile.rows.start
+        width = tile.key_end - tile.key_begin
         scores = torch.baddbmm(
             zero.expand(kv_heads, group * rows, width),
-            tile_query,
+            query_h[:, tile.rows.start * group : tile.rows.stop * group],
             keys_h[:, tile.key_begin : tile.key_end].transpose(1, 2),
             beta=0,
-            alpha=scale,
+            alpha=dim**-0.5,
         )
         if tile.bias is not None:
             scores.view(kv_heads, rows, group, width)[..., tile.masked_from - tile.key_begin :].add_(tile.bias[:, None])
         probs = torch.softmax(scores, dim=-1)
         attended = torch.bmm(probs, values_h[:, tile.key_begin : tile.key_end])
-        out_grouped[tile.rows] = attended.view(kv_heads, rows, group, dim).transpose(0, 1)
-    return out
+        out[tile.rows] = attended.view(kv_heads, rows, group, dim).transpose(0, 1)

@@ -64,7 +64,8 @@ def test_tiles_touch_only_the_keys_their_queries_see() -> None:
     assert windowed.key_begin == 1000 - 63
 
 
-def test_only_cpu_bfloat16_takes_the_matmul_path() -> None:
+def test_cpu_float32_and_bfloat16_take_the_matmul_path() -> None:
     assert prefers_matmul_prefill(CPU, torch.bfloat16)
-    assert not prefers_matmul_prefill(CPU, torch.float32)
+    assert prefers_matmul_prefill(CPU, torch.float32)
+    assert not prefers_matmul_prefill(CPU, torch.float16)
     assert not prefers_matmul_prefill(torch.device("cuda"), torch.bfloat16)
