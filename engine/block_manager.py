@@ -148,6 +148,23 @@ class BlockManager:
         seq.num_registered_blocks = len(hits)
         return True
 
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """Prompt tokens a waiting sequence would find cached if admitted now (device or host tier).
+
+        Compares hashes only, so it takes no block and stays cheap enough for every load reading;
+        ``allocate`` still checks the tokens, so a hash collision costs an estimate, never output.
+        """
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
+        )
+        max_hit_blocks = (len(seq.token_ids) - 1) // self.block_size
+        hits = 0
+        for block_hash in seq.block_hashes[:max_hit_blocks]:
+            if block_hash not in self._cached and block_hash not in self.host:
+                break
+            hits += 1
+        return hits * self.block_size
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the pool can cover every token of ``seq`` (a decode may need one more block)."""
         return self.blocks_for(len(seq.token_ids)) - len(seq.block_table) <= self.num_free_blocks

@@ -293,14 +293,7 @@ class LLMEngine:
             self._take_load_reading()
 
     def _take_load_reading(self) -> None:
-        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
-        prompts (their cache hits are known only once admitted)."""
-        prefilling = sum(
-            seq.num_prompt_tokens - seq.num_computed_tokens
-            for seq in self.scheduler.running
-            if seq.num_computed_tokens < seq.num_prompt_tokens
-        )
-        self._queued_prefill_tokens = prefilling + sum(seq.num_uncomputed_tokens for seq in self.scheduler.waiting)
+        self._queued_prefill_tokens = self.scheduler.queued_prefill_tokens()
 
     def _take_announced(self) -> list[list[bytes]]:
         announced = []

@@ -51,6 +51,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute: what is left of running prefills, and waiting prompts
+        less the prefix they will find cached. A waiting follow-up turn whose earlier turns are
+        cached is little work; counting its whole prompt made a replica look seconds busier than it
+        was to every gateway routing on its load reports (bench/RESULTS.md, "load spills")."""
+        prefilling = sum(
+            seq.num_prompt_tokens - seq.num_computed_tokens
+            for seq in self.running
+            if seq.num_computed_tokens < seq.num_prompt_tokens
+        )
+        cached = self.block_manager.cached_prefix_tokens
+        return prefilling + sum(seq.num_uncomputed_tokens - cached(seq) for seq in self.waiting)
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 

@@ -125,3 +125,24 @@ def test_eos_finishes_a_sequence_unless_ignored() -> None:
     ignoring.eos_token_id = 7
     ignoring.append_token(7)
     assert ignoring.finish_reason is None
+
+
+def test_queued_prefill_counts_a_waiting_prompt_less_its_cached_prefix() -> None:
+    """A waiting follow-up turn is only its new tokens of work: counting the whole prompt made an
+    owner look busier than it was and sent its follow-ups away (bench/RESULTS.md, load spills)."""
+    scheduler = make_scheduler(num_blocks=64, budget=8)
+    first_turn = make_seq(0, 40, max_tokens=1)
+    scheduler.add(first_turn)
+    run_to_completion(scheduler)
+    scheduler.add(make_seq(1, 30))
+    run_step(scheduler)
+    follow_up = Sequence(
+        2, [*first_turn.prompt_token_ids, 7, 8, 9, 10, 11, 12], SamplingParams(max_tokens=2), max_total_tokens=256
+    )
+    scheduler.add(follow_up)
+    one_shot = make_seq(3, 10)
+    scheduler.add(one_shot)
+    assert scheduler.queued_prefill_tokens() == (30 - 8) + 6 + 10
+    while follow_up.status is SequenceStatus.WAITING:
+        run_step(scheduler)
+    assert follow_up.num_cached_tokens == 40
