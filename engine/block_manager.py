@@ -13,7 +13,8 @@ Invariants (checked by ``assert_invariants``):
 Free blocks keep their contents and hash until they are reused. Allocation takes empty blocks
 first, then evicts cached-free blocks least-recently-freed first, those no active session
 retains before retained ones (see engine/session_retention.py); a sequence frees its blocks
-tail first, so its tail is evicted before its head.
+tail first, so its tail is evicted before its head. A newly queued prompt's cached prefix counts
+as just freed (``touch_prefix``), so it survives the prompts admitted before it.
 
 With a host pool, an evicted block is copied to host memory instead of being dropped, and a
 prompt whose prefix continues in the host pool gets those blocks copied back ("host hits";
@@ -148,22 +149,29 @@ class BlockManager:
         seq.num_registered_blocks = len(hits)
         return True
 
-    def cached_prefix_tokens(self, seq: Sequence) -> int:
-        """Prompt tokens a waiting sequence would find cached if admitted now (device or host tier).
-
-        Compares hashes only, so it takes no block and stays cheap enough for every load reading;
-        ``allocate`` still checks the tokens, so a hash collision costs an estimate, never output.
+    def touch_prefix(self, seq: Sequence) -> None:
+        """A sequence was queued: its cached-free prefix blocks become the most recently used, tail
+        first, so the prompts admitted before it do not evict the prefix it will hit (a router sent
+        it here for that prefix; SGLang's radix cache refreshes a queued request's match likewise).
         """
+        touched = []
+        for block_hash in self._hit_candidates(seq):
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            touched.append(block_id)
+        for block_id in reversed(touched):
+            if block_id in self._evictable:
+                self._evictable.move_to_end(block_id)
+            elif block_id in self._retained:
+                self._retained.move_to_end(block_id)
+
+    def _hit_candidates(self, seq: Sequence) -> list[BlockHash]:
+        """Hashes of the leading full blocks a prompt may hit (never its last token's block)."""
         extend_block_hashes(
             seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
         )
-        max_hit_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hits = 0
-        for block_hash in seq.block_hashes[:max_hit_blocks]:
-            if block_hash not in self._cached and block_hash not in self.host:
-                break
-            hits += 1
-        return hits * self.block_size
+        return seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size]
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the pool can cover every token of ``seq`` (a decode may need one more block)."""

@@ -52,19 +52,21 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute: what is left of running prefills, and waiting prompts
-        less the prefix they will find cached. A waiting follow-up turn whose earlier turns are
-        cached is little work; counting its whole prompt made a replica look seconds busier than it
-        was to every gateway routing on its load reports (bench/RESULTS.md, "load spills")."""
+        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
+        prompts. A waiting prompt's cached prefix is counted too, on purpose: subtracting it gives
+        the prefill work exactly, but that count no longer sees a replica taking on more sessions
+        than its cache holds (multi-turn: every new session went to the one replica holding the
+        system prompt, 85 % -> 72 % hits; bench/RESULTS.md, "Load spills")."""
         prefilling = sum(
             seq.num_prompt_tokens - seq.num_computed_tokens
             for seq in self.running
             if seq.num_computed_tokens < seq.num_prompt_tokens
         )
-        cached = self.block_manager.cached_prefix_tokens
-        return prefilling + sum(seq.num_uncomputed_tokens - cached(seq) for seq in self.waiting)
+        return prefilling + sum(seq.num_uncomputed_tokens for seq in self.waiting)
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; its cached prefix is kept from eviction until it is admitted."""
+        self.block_manager.touch_prefix(seq)
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledStep:

@@ -111,6 +111,26 @@ def test_eviction_is_lru_and_takes_a_sequence_tail_before_its_head() -> None:
     manager.assert_invariants()
 
 
+def test_a_queued_prompts_prefix_is_evicted_last() -> None:
+    """Without the touch, the older prompt's blocks go first and the queued follow-up misses."""
+    manager = BlockManager(8, BLOCK, MODEL)
+    older, newer = make_seq(0, list(range(16))), make_seq(1, list(range(100, 116)))
+    for seq in (older, newer):
+        assert manager.allocate(seq)
+        compute_all(manager, seq)
+        manager.free(seq)
+    follow_up = make_seq(2, [*range(16), 50, 51])
+    manager.touch_prefix(follow_up)
+    one_shot = make_seq(3, list(range(200, 216)))
+    assert manager.allocate(one_shot)
+    manager.free(one_shot)
+    assert manager.allocate(follow_up) and follow_up.num_computed_tokens == 16
+    manager.free(follow_up)
+    newer_again = make_seq(4, [*range(100, 116), 9])
+    assert manager.allocate(newer_again) and newer_again.num_computed_tokens == 0
+    manager.assert_invariants()
+
+
 def test_allocation_fails_without_changes_when_the_pool_is_short() -> None:
     manager = BlockManager(3, BLOCK, MODEL)
     assert manager.allocate(make_seq(0, list(range(8))))
@@ -156,7 +176,9 @@ def test_reset_prefix_cache_forgets_every_hash() -> None:
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["admit", "compute", "decode", "free", "reset"]), st.integers(0, 7), st.integers(1, 40)),
+    st.tuples(
+        st.sampled_from(["admit", "compute", "decode", "free", "reset", "touch"]), st.integers(0, 7), st.integers(1, 40)
+    ),
     max_size=60,
 )
 
@@ -185,6 +207,8 @@ def test_invariants_hold_under_random_operations(ops: list[tuple[str, int, int]]
             manager.free(live.pop(slot))
         elif op == "reset":
             manager.reset_prefix_cache()
+        elif op == "touch":
+            manager.touch_prefix(make_seq(slot, prompts[slot][:size]))
         manager.assert_invariants()
         for other in live.values():
             assert len(other.block_table) * BLOCK >= len(other.token_ids)

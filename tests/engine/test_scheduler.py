@@ -127,9 +127,9 @@ def test_eos_finishes_a_sequence_unless_ignored() -> None:
     assert ignoring.finish_reason is None
 
 
-def test_queued_prefill_counts_a_waiting_prompt_less_its_cached_prefix() -> None:
-    """A waiting follow-up turn is only its new tokens of work: counting the whole prompt made an
-    owner look busier than it was and sent its follow-ups away (bench/RESULTS.md, load spills)."""
+def test_queued_prefill_counts_running_remainders_and_whole_waiting_prompts() -> None:
+    """The load every gateway routes on; a waiting prompt counts whole, its cached prefix too (see
+    ``Scheduler.queued_prefill_tokens``)."""
     scheduler = make_scheduler(num_blocks=64, budget=8)
     first_turn = make_seq(0, 40, max_tokens=1)
     scheduler.add(first_turn)
@@ -140,9 +140,23 @@ def test_queued_prefill_counts_a_waiting_prompt_less_its_cached_prefix() -> None
         2, [*first_turn.prompt_token_ids, 7, 8, 9, 10, 11, 12], SamplingParams(max_tokens=2), max_total_tokens=256
     )
     scheduler.add(follow_up)
-    one_shot = make_seq(3, 10)
-    scheduler.add(one_shot)
-    assert scheduler.queued_prefill_tokens() == (30 - 8) + 6 + 10
+    scheduler.add(make_seq(3, 10))
+    assert scheduler.queued_prefill_tokens() == (30 - 8) + 46 + 10
     while follow_up.status is SequenceStatus.WAITING:
         run_step(scheduler)
     assert follow_up.num_cached_tokens == 40
+
+
+def test_a_queued_follow_up_keeps_its_cached_prefix_while_others_are_admitted_first() -> None:
+    """The one-shot queued ahead needs cache space: it must evict the other cached prompt, not
+    the prefix the follow-up was routed here for."""
+    scheduler = make_scheduler(num_blocks=8)
+    older, newer = make_seq(0, 12, max_tokens=1), make_seq(1, 12, max_tokens=1)
+    for seq in (older, newer):
+        scheduler.add(seq)
+        run_to_completion(scheduler)
+    scheduler.add(make_seq(2, 20, max_tokens=1))
+    follow_up = Sequence(3, [*older.prompt_token_ids, 7, 8], SamplingParams(max_tokens=1), max_total_tokens=256)
+    scheduler.add(follow_up)
+    run_to_completion(scheduler)
+    assert follow_up.num_cached_tokens == 12
