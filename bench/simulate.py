@@ -5,8 +5,10 @@ The gateway part mirrors ``gateway/dispatch.py``: the router ranks the replicas;
 to the best one with room for its KV blocks (``gateway/admission/kv_blocks.py``), else waits in
 a FIFO until a request finishes; the replica counts its uncached prompt tokens as queued prefill
 until its first token. Replicas' KV events reach the router's index at the end of each step
-(precise mode), and the numbers health checks read from ``/stats`` are refreshed every
-``report_interval_s``, as the gateway's checker does. Nothing sleeps and nothing is timed by a
+(precise mode); their load (running and waiting requests, queued prefill tokens) is read as their
+scheduler counts it, as the bundled engine's load socket pushes it to the gateway in ``bench run``
+(``SimFleet.load_reports``; off, the numbers health checks read from ``/stats`` are refreshed
+every ``report_interval_s``, as the gateway's checker does). Nothing sleeps and nothing is timed by a
 wall clock, so a run is exactly repeatable and thousands of requests over hundreds of replicas
 take seconds to minutes.
 
@@ -58,6 +60,11 @@ class SimFleet:
     """How often the gateway's health checks refresh each replica's /stats (health.interval_s)."""
     host_blocks: int = 0
     """The engine's ``--host-kv-blocks``: a host-memory KV tier per replica (0: none)."""
+    load_reports: bool = True
+    """Replicas push their load as the bundled engine's load socket does (``bench run`` follows it):
+    the router reads running and waiting requests and queued prefill tokens as the replica's
+    scheduler counts them now. Off: only ``/stats`` every ``report_interval_s``, and queued prefill
+    is the gateway's own count of the uncached prompt tokens it sent."""
     retention: bool = True
     """Behind kvgate, requests with a session key carry it as a retention hint, as the gateway sends
     it to bundled engines, which keep active sessions' latest turns (``--session-retain-fraction``)."""
@@ -95,8 +102,22 @@ class _Backend:
     in_flight_prefill_tokens: int = 0
     kv_reserved_blocks: int = 0
     reported: dict[str, float | int] = field(default_factory=dict)
+    load_reports: bool = True
 
     def state(self) -> ReplicaState:
+        if self.load_reports:
+            scheduler = self.replica.scheduler
+            return ReplicaState(
+                name=self.replica.name,
+                model=MODEL,
+                healthy=True,
+                in_flight=self.in_flight,
+                in_flight_prefill_tokens=self.in_flight_prefill_tokens,
+                num_running=len(scheduler.running),
+                num_waiting=len(scheduler.waiting),
+                queued_prefill_tokens=scheduler.queued_prefill_tokens(),
+                prefill_tokens_per_s=self.replica.report()["prefill_tokens_per_s"] or None,
+            )
         return ReplicaState(
             name=self.replica.name,
             model=MODEL,
@@ -142,7 +163,8 @@ class VirtualFleet:
                     fleet.max_model_len,
                     fleet.host_blocks,
                     self._retention() if fleet.retention and contender.kind == "kvgate" else None,
-                )
+                ),
+                load_reports=fleet.load_reports,
             )
             for index in range(fleet.replicas)
         ]

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-retention-hints", action="store_true", help="send no session keys to the replicas' block managers"
     )
     parser.add_argument(
+        "--no-load-reports",
+        action="store_true",
+        help="replicas publish no load socket: the router sees /stats every 2 s and its own queued prefill",
+    )
+    parser.add_argument(
         "--peers", action="store_true", help="also the model of sglang-router cache_aware (bench/sglang_model.py)"
     )
     parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
@@ -121,6 +126,7 @@ def main(argv: list[str]) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         host_blocks=args.host_kv_blocks,
         retention=not args.no_retention_hints,
+        load_reports=not args.no_load_reports,
     )
     tokenizer = ChatTokenizer.load(MODEL)
     workload = WORKLOADS[args.workload]

@@ -74,7 +74,9 @@ def test_late_binding_holds_spills_for_their_owners_and_every_request_still_fini
     late = Contender(
         "kvgate", "cache_aware", {"ttft_target_s": 0.05, "late_binding": {"enabled": True, "max_wait_s": 0.5}}
     )
-    fleet = VirtualFleet(late, SimFleet(replicas=3, num_blocks=256, costs=COSTS))
+    # Holds need load spills: with the gateway's own count of queued prefill (no load reports) this
+    # small workload makes two; with the replicas' exact count it makes none.
+    fleet = VirtualFleet(late, SimFleet(replicas=3, num_blocks=256, costs=COSTS, load_reports=False))
     outcome = fleet.run(REQUESTS)
     held = outcome.held
     assert held.held > 0 and held.released + held.timed_out == held.held, "each held request left the hold once"
@@ -104,3 +106,25 @@ def test_a_host_tier_turns_device_evictions_into_host_hits_and_leaks_nothing() -
         manager = backend.replica.block_manager
         manager.assert_invariants()
         assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_the_router_reads_load_as_the_replicas_load_socket_sends_it() -> None:
+    """With load reports, routing sees the scheduler's count (a queued follow-up counts whole, as
+    the engine reports it in ``bench run``); without, only the gateway's own count."""
+    for load_reports in (True, False):
+        fleet = VirtualFleet(
+            Contender("kvgate", "cache_aware"),
+            SimFleet(replicas=1, num_blocks=256, costs=COSTS, load_reports=load_reports),
+        )
+        backend = fleet.backends[0]
+        first_turn = list(range(100, 164))
+        backend.replica.add(first_turn, 1, 0.0, lambda now: None, lambda request, now: None)
+        while backend.replica.scheduler.has_work:
+            backend.replica.start_step(0.0)
+            backend.replica.finish_step(0.0)
+        backend.replica.add([*first_turn, 1, 2, 3], 1, 0.0, lambda now: None, lambda request, now: None)
+        state = backend.state()
+        if load_reports:
+            assert (state.num_waiting, state.queued_prefill_tokens) == (1, 67)
+        else:
+            assert state.queued_prefill_tokens is None and state.num_waiting is None
