@@ -149,21 +149,6 @@ class BlockManager:
         seq.num_registered_blocks = len(hits)
         return True
 
-    def admission_need(self, seq: Sequence) -> tuple[int, int]:
-        """For a waiting sequence, if admitted now: the prompt tokens it would find cached (device
-        or host tier) and the free blocks it would take (its new blocks and the cached-free ones it
-        revives). Compares hashes only, so it takes nothing and stays cheap enough for every load
-        reading; ``allocate`` still checks the tokens, so a collision costs an estimate, never output.
-        """
-        hits = revived = 0
-        for block_hash in self._hit_candidates(seq):
-            block_id = self._cached.get(block_hash)
-            if block_id is None and block_hash not in self.host:
-                break
-            hits += 1
-            revived += block_id is None or self.blocks[block_id].ref_count == 0
-        return hits * self.block_size, self.blocks_for(len(seq.token_ids)) - hits + revived
-
     def touch_prefix(self, seq: Sequence) -> None:
         """A sequence was queued: its cached-free prefix blocks become the most recently used, tail
         first, so the prompts admitted before it do not evict the prefix it will hit (a router sent

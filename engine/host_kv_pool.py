@@ -47,10 +47,6 @@ class HostKVPool:
     def usage(self) -> float:
         return len(self._entries) / self.num_slots if self.num_slots else 0.0
 
-    def __contains__(self, block_hash: BlockHash) -> bool:
-        """Whether a block with this hash is here (tokens not compared: for estimates only)."""
-        return block_hash in self._entries
-
     def find(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> bool:
         """Whether the block is here with these very tokens (a hash collision is no hit)."""
         entry = self._entries.get(block_hash)

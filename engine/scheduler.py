@@ -52,29 +52,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute: what is left of running prefills, and waiting prompts
-        less the prefix they will find cached, as long as the free blocks can admit them in order.
-
-        A waiting follow-up turn whose earlier turns are cached is little prefill; counting its
-        whole prompt made an owner look up to half a second busier than it was to every gateway
-        routing on these readings, and sent its follow-ups away (bench/RESULTS.md, "Load spills").
-        A prompt the free blocks cannot hold waits for running requests to finish, which no count
-        of prefill tokens measures; it and every prompt behind it (admission is in order) count
-        whole, as a floor on that wait. Without this a replica whose cache could not admit its
-        queue looked idle, and on multi-turn every new session went to it (85 % -> 72 % hits).
-        """
-        block_manager = self.block_manager
-        queued = sum(
+        """Prompt tokens still to compute: what is left of running prefills, and whole waiting
+        prompts. A waiting prompt's cached prefix is counted too, on purpose: subtracting it gives
+        the prefill work exactly, but that count no longer sees a replica taking on more sessions
+        than its cache holds (multi-turn: every new session went to the one replica holding the
+        system prompt, 85 % -> 72 % hits; bench/RESULTS.md, "Load spills")."""
+        prefilling = sum(
             seq.num_prompt_tokens - seq.num_computed_tokens
             for seq in self.running
             if seq.num_computed_tokens < seq.num_prompt_tokens
         )
-        free_blocks = block_manager.num_free_blocks
-        for seq in self.waiting:
-            cached_tokens, needed_blocks = block_manager.admission_need(seq)
-            free_blocks -= needed_blocks
-            queued += seq.num_uncomputed_tokens - (cached_tokens if free_blocks >= 0 else 0)
-        return queued
+        return prefilling + sum(seq.num_uncomputed_tokens for seq in self.waiting)
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its cached prefix is kept from eviction until it is admitted."""

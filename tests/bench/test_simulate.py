@@ -109,8 +109,8 @@ def test_a_host_tier_turns_device_evictions_into_host_hits_and_leaks_nothing() -
 
 
 def test_the_router_reads_load_as_the_replicas_load_socket_sends_it() -> None:
-    """With load reports, routing sees the scheduler's count (a queued follow-up is its uncached
-    tokens only), as ``bench run`` does; without, only the gateway's own count."""
+    """With load reports, routing sees the scheduler's count (a queued follow-up counts whole, as
+    the engine reports it in ``bench run``); without, only the gateway's own count."""
     for load_reports in (True, False):
         fleet = VirtualFleet(
             Contender("kvgate", "cache_aware"),
@@ -125,6 +125,6 @@ def test_the_router_reads_load_as_the_replicas_load_socket_sends_it() -> None:
         backend.replica.add([*first_turn, 1, 2, 3], 1, 0.0, lambda now: None, lambda request, now: None)
         state = backend.state()
         if load_reports:
-            assert (state.num_waiting, state.queued_prefill_tokens) == (1, 3)
+            assert (state.num_waiting, state.queued_prefill_tokens) == (1, 67)
         else:
             assert state.queued_prefill_tokens is None and state.num_waiting is None

@@ -94,31 +94,3 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving() -> Non
 
     run(engine, scenario)
     assert engine.block_manager.num_free_blocks == NUM_BLOCKS
-
-
-def test_load_reports_a_waiting_follow_up_as_its_uncached_tokens_only() -> None:
-    """Every gateway routes on this reading: a follow-up turn queued behind a full batch is the
-    10 tokens its cached first turn lacks (2 blocks of 16 cached), not its whole 50-token prompt."""
-    engine = make_engine(costs=dataclasses.replace(SIM_PRESETS["instant"], decode_base_s=0.02))
-    first_turn = list(range(100, 140))
-
-    async def scenario() -> None:
-        await collect(engine, first_turn, 1)
-        streams = [
-            engine.generate([index, index + 1, index + 2], SamplingParams(max_tokens=60), 256, eos_token_id=None)
-            for index in range(4)
-        ]
-        for stream in streams:
-            await anext(stream)
-        follow_up = asyncio.create_task(collect(engine, [*first_turn, *range(200, 210)], 2))
-        deadline = time.monotonic() + 5.0
-        while not (engine.load().waiting == 1 and engine.load().queued_prefill_tokens):
-            assert time.monotonic() < deadline, f"the follow-up never queued: {engine.load()}"
-            await asyncio.sleep(0.005)
-        assert engine.load().queued_prefill_tokens == 50 - 32
-        for stream in streams:
-            await stream.aclose()
-        await follow_up
-
-    run(engine, scenario)
-    assert engine.block_manager.num_free_blocks == NUM_BLOCKS

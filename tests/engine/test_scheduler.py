@@ -127,9 +127,9 @@ def test_eos_finishes_a_sequence_unless_ignored() -> None:
     assert ignoring.finish_reason is None
 
 
-def test_queued_prefill_counts_a_waiting_prompt_less_its_cached_prefix() -> None:
-    """A waiting follow-up turn is only its new tokens of work: counting the whole prompt made an
-    owner look busier than it was and sent its follow-ups away (bench/RESULTS.md, load spills)."""
+def test_queued_prefill_counts_running_remainders_and_whole_waiting_prompts() -> None:
+    """The load every gateway routes on; a waiting prompt counts whole, its cached prefix too (see
+    ``Scheduler.queued_prefill_tokens``)."""
     scheduler = make_scheduler(num_blocks=64, budget=8)
     first_turn = make_seq(0, 40, max_tokens=1)
     scheduler.add(first_turn)
@@ -141,29 +141,10 @@ def test_queued_prefill_counts_a_waiting_prompt_less_its_cached_prefix() -> None
     )
     scheduler.add(follow_up)
     scheduler.add(make_seq(3, 10))
-    assert scheduler.queued_prefill_tokens() == (30 - 8) + 6 + 10
+    assert scheduler.queued_prefill_tokens() == (30 - 8) + 46 + 10
     while follow_up.status is SequenceStatus.WAITING:
         run_step(scheduler)
     assert follow_up.num_cached_tokens == 40
-
-
-def test_queued_prefill_counts_prompts_the_free_blocks_cannot_admit_whole() -> None:
-    """Waiting for blocks is waiting for running requests to finish, not for prefill: the follow-up
-    that does not fit, and the prompt queued behind it, count whole."""
-    scheduler = make_scheduler(num_blocks=16, budget=64)
-    first_turn = make_seq(0, 24, max_tokens=1)
-    scheduler.add(first_turn)
-    run_to_completion(scheduler)
-    scheduler.add(make_seq(1, 36, max_tokens=20))
-    run_step(scheduler)
-    follow_up = Sequence(
-        3, [*first_turn.prompt_token_ids, *range(30)], SamplingParams(max_tokens=1), max_total_tokens=256
-    )
-    scheduler.add(follow_up)
-    scheduler.add(make_seq(4, 4))
-    assert scheduler.block_manager.num_free_blocks < 14
-    assert scheduler.queued_prefill_tokens() == 54 + 4
-    run_to_completion(scheduler)
 
 
 def test_a_queued_follow_up_keeps_its_cached_prefix_while_others_are_admitted_first() -> None:
