@@ -54,9 +54,10 @@ class Scheduler:
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens still to compute: what is left of running prefills, and whole waiting
         prompts. A waiting prompt's cached prefix is counted too, on purpose: subtracting it gives
-        the prefill work exactly, but that count no longer sees a replica taking on more sessions
-        than its cache holds (multi-turn: every new session went to the one replica holding the
-        system prompt, 85 % -> 72 % hits; bench/RESULTS.md, "Load spills")."""
+        the prefill work exactly (and spares the router needless load spills), but that count no
+        longer sees a replica taking on more sessions than its cache holds: on multi-turn every
+        new session went to the one replica holding the system prompt, 86.7 % -> 67.9-75.1 % hits
+        in real runs (bench/RESULTS.md, "Load spills on synthetic 1600, measured")."""
         prefilling = sum(
             seq.num_prompt_tokens - seq.num_computed_tokens
             for seq in self.running
