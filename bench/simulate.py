@@ -105,28 +105,28 @@ class _Backend:
     load_reports: bool = True
 
     def state(self) -> ReplicaState:
+        queued: int | None = None
+        rate: float | int | None
+        running: int | None
+        waiting: int | None
         if self.load_reports:
             scheduler = self.replica.scheduler
-            return ReplicaState(
-                name=self.replica.name,
-                model=MODEL,
-                healthy=True,
-                in_flight=self.in_flight,
-                in_flight_prefill_tokens=self.in_flight_prefill_tokens,
-                num_running=len(scheduler.running),
-                num_waiting=len(scheduler.waiting),
-                queued_prefill_tokens=scheduler.queued_prefill_tokens(),
-                prefill_tokens_per_s=self.replica.report()["prefill_tokens_per_s"] or None,
-            )
+            running, waiting = len(scheduler.running), len(scheduler.waiting)
+            queued = scheduler.queued_prefill_tokens()
+            rate = self.replica.report()["prefill_tokens_per_s"]
+        else:
+            running, waiting = _int_or_none(self.reported.get("running")), _int_or_none(self.reported.get("waiting"))
+            rate = self.reported.get("prefill_tokens_per_s")
         return ReplicaState(
             name=self.replica.name,
             model=MODEL,
             healthy=True,
             in_flight=self.in_flight,
             in_flight_prefill_tokens=self.in_flight_prefill_tokens,
-            num_running=_int_or_none(self.reported.get("running")),
-            num_waiting=_int_or_none(self.reported.get("waiting")),
-            prefill_tokens_per_s=self.reported.get("prefill_tokens_per_s") or None,
+            num_running=running,
+            num_waiting=waiting,
+            queued_prefill_tokens=queued,
+            prefill_tokens_per_s=rate or None,
         )
 
 

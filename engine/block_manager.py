@@ -322,13 +322,8 @@ class BlockManager:
 
         A device hit is its block id; a block found in the host pool is a ``_HostHit``.
         """
-        max_hit_blocks = (len(seq.token_ids) - 1) // self.block_size
-        extend_block_hashes(
-            seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
-        )
         hits: list[int | _HostHit] = []
-        for index in range(max_hit_blocks):
-            block_hash = seq.block_hashes[index]
+        for index, block_hash in enumerate(self._hit_candidates(seq)):
             tokens = self._block_tokens(seq, index)
             block_id = self._cached.get(block_hash)
             if block_id is not None and self.blocks[block_id].token_ids == tokens:

@@ -1,16 +1,15 @@
-"""Prefill attention built from oneDNN matmuls, tile by tile of queries (CPU, float32 and bfloat16).
+"""Prefill attention built from matmuls, tile by tile of queries (CPU, float32 and bfloat16).
 
 PyTorch's CPU flash-attention kernel runs a cached 128-token prefill over 1,536 keys at ~150
 GFLOP/s in float32 and a 1,536-token causal one at ~64 GFLOP/s in bfloat16 on the AVX512-BF16
-EPYC we measure on; its inner products go through MKL (float32), while oneDNN runs the same
-products at 390-490 GFLOP/s (``bench/VLLM.md``). So for a chunk's queries, one tile of rows at a
-time and one KV head at a time (that head's query heads stacked as rows, so GQA reads each key
-once): scores = Q·Kᵀ, masked where a query may not see a key, softmax (computed in float32 inside
-the kernel for bfloat16), then ·V. A tile touches only the keys up to its last query (causality
-halves the work) and its scores stay small enough for the cache.
+EPYC we measure on; in float32 its inner products go through MKL, while oneDNN runs the same
+products at more than twice MKL's speed (``engine.onednn``). So for a chunk's queries, one tile
+of rows at a time, each KV head's query heads stacked as rows (GQA reads each key once): scores =
+Q·Kᵀ, masked where a query may not see a key, softmax (computed in float32 inside the kernel for
+bfloat16), then ·V. A tile touches only the keys up to its last query (causality halves the
+work) and its scores stay small enough for the cache.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,16 +65,11 @@ def query_tiles(
     return tiles
 
 
-TileProducts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[QueryTile], torch.Tensor], None]
-"""Attends every tile: ``(query_h, keys_h, values, tiles, out)``, writing ``out`` ``[count, kv_heads, group, dim]``."""
-
-
 def tiled_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     tiles: list[QueryTile],
-    products: TileProducts | None = None,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[count, heads, dim]`` over ``keys``/``values`` ``[context, kv_heads, dim]``.
 
@@ -87,7 +81,7 @@ def tiled_attention(
     float32 multiplies one KV head at a time with ``matmul_nt`` (oneDNN; MKL's float32 ``bmm`` is
     2-2.6x slower here). bfloat16 multiplies all KV heads at once with ``baddbmm``/``bmm``, which
     PyTorch already sends to oneDNN, 4-7% faster than per-head calls (``bench/VLLM.md``, measured
-    with ``bench.engine.step_profile``). ``products`` overrides the choice.
+    with ``bench.engine.step_profile``).
     """
     count, heads, dim = query.shape
     kv_heads = keys.shape[1]
@@ -95,13 +89,12 @@ def tiled_attention(
     query_h = query.view(count, kv_heads, group, dim).transpose(0, 1).contiguous().view(kv_heads, count * group, dim)
     keys_h = keys.transpose(0, 1).contiguous()
     out = torch.empty_like(query)
-    if products is None:
-        products = onednn_tiles if query.dtype == torch.float32 else bmm_tiles
-    products(query_h, keys_h, values, tiles, out.view(count, kv_heads, group, dim))
+    attend_tiles = _onednn_tiles if query.dtype == torch.float32 else _bmm_tiles
+    attend_tiles(query_h, keys_h, values, tiles, out.view(count, kv_heads, group, dim))
     return out
 
 
-def onednn_tiles(
+def _onednn_tiles(
     query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
 ) -> None:
     """Each tile per KV head; V copied feature-major per tile (``[kv_heads, dim, width]``), the
@@ -121,7 +114,7 @@ def onednn_tiles(
             out[tile.rows, head] = matmul_nt(probs, values_t[head]).view(rows, group, dim)
 
 
-def bmm_tiles(
+def _bmm_tiles(
     query_h: torch.Tensor, keys_h: torch.Tensor, values: torch.Tensor, tiles: list[QueryTile], out: torch.Tensor
 ) -> None:
     """Each tile for all KV heads at once (KV heads as the batch)."""

@@ -16,7 +16,7 @@ def onednn_available() -> bool:
 
 
 def uses_onednn(tensor: torch.Tensor) -> bool:
-    """Whether products with ``tensor`` (a weight, or a key/value block) can run on oneDNN."""
+    """Whether products with ``tensor`` (a weight) can run on oneDNN."""
     return tensor.device.type == "cpu" and tensor.dtype in ONEDNN_DTYPES and onednn_available()
 
 

@@ -16,12 +16,11 @@ CPU time, median over ``--repeats``.
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
 
+from bench.engine.step_profile import cpu_seconds
 from engine.onednn import matmul_nt
 
 SHAPES = {
@@ -29,16 +28,6 @@ SHAPES = {
     "P·V   [384x1536]·[1536x64]": (384, 1536, 64),
     "up    [128x576]·[576x1536]": (128, 576, 1536),
 }
-
-
-def cpu_seconds(work: Callable[[], object], repeats: int) -> float:
-    work()
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        work()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -52,8 +41,8 @@ def main() -> None:
     for name, (rows, inner, cols) in SHAPES.items():
         x, weight = torch.randn(rows, inner).to(dtype), torch.randn(cols, inner).to(dtype)
         gflop = 2 * rows * inner * cols / 1e9
-        mm = gflop / cpu_seconds(partial(torch.matmul, x, weight.T), args.repeats)
-        onednn = gflop / cpu_seconds(partial(matmul_nt, x, weight), args.repeats)
+        mm = gflop / statistics.median(cpu_seconds(partial(torch.matmul, x, weight.T), args.repeats))
+        onednn = gflop / statistics.median(cpu_seconds(partial(matmul_nt, x, weight), args.repeats))
         print(f"{name}: torch.mm {mm:6.1f}   oneDNN {onednn:6.1f}")
 
 

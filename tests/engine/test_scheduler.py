@@ -1,13 +1,10 @@
 """Scheduler: chunked prefill under a token budget, decodes interleaved, preemption, abort."""
 
 from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams, SeqChunk
+from engine.runner_api import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.sim_runner import SIM_PRESETS, SimRunner
-
-BLOCK = 4
-WORDS = list(range(1000, 1010))
+from tests.engine.scheduler_steps import BLOCK, run_step
 
 
 def make_scheduler(num_blocks: int, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
@@ -17,18 +14,6 @@ def make_scheduler(num_blocks: int, max_num_seqs: int = 8, budget: int = 64) -> 
 def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 4) -> Sequence:
     prompt = [(seq_id * 7 + i) % 50 for i in range(prompt_len)]
     return Sequence(seq_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), max_total_tokens=256)
-
-
-def run_step(scheduler: Scheduler) -> list[SeqChunk]:
-    """One engine step with the instant cost model; finished sequences leave the scheduler."""
-    runner = SimRunner(BLOCK, scheduler.block_manager.num_blocks, SIM_PRESETS["instant"], WORDS)
-    step = scheduler.schedule()
-    scheduler.postprocess(step, runner.execute(step.chunks))
-    for seq in step.seqs:
-        if seq.finish_reason is not None:
-            scheduler.finish(seq)
-    scheduler.block_manager.assert_invariants()
-    return step.chunks
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 500) -> int:

@@ -3,13 +3,11 @@ base-model requests are not held up by it, and a request for another adapter is 
 
 from engine.block_manager import BlockManager
 from engine.lora_modules import LoRARef
-from engine.runner_api import SamplingParams, SeqChunk
+from engine.runner_api import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.sim_runner import SIM_PRESETS, SimRunner
+from tests.engine.scheduler_steps import BLOCK, run_step
 
-BLOCK = 4
-WORDS = list(range(1000, 1010))
 ADAPTERS = {lora_id: LoRARef(f"adapter-{lora_id}", lora_id) for lora_id in (1, 2, 3)}
 
 
@@ -21,18 +19,6 @@ def make_seq(seq_id: int, lora_id: int, max_tokens: int = 4) -> Sequence:
     prompt = [(seq_id * 7 + i) % 50 for i in range(6)]
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     return Sequence(seq_id, prompt, sampling, max_total_tokens=64, adapter=ADAPTERS.get(lora_id))
-
-
-def run_step(scheduler: Scheduler) -> list[SeqChunk]:
-    """One step with the instant cost model; finished sequences leave the scheduler."""
-    runner = SimRunner(BLOCK, scheduler.block_manager.num_blocks, SIM_PRESETS["instant"], WORDS)
-    step = scheduler.schedule()
-    scheduler.postprocess(step, runner.execute(step.chunks))
-    for seq in step.seqs:
-        if seq.finish_reason is not None:
-            scheduler.finish(seq)
-    scheduler.block_manager.assert_invariants()
-    return step.chunks
 
 
 def adapters_per_step(scheduler: Scheduler, max_steps: int = 200) -> list[set[int]]:
