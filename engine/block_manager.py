@@ -7,14 +7,19 @@ Invariants (checked by ``assert_invariants``):
 * a hashed block is the one ``_cached`` maps its hash to, and vice versa;
 * only full blocks whose KV has been computed carry a hash;
 * a block hash is cached in one tier at most: on the device or in the host pool;
-* a cached-free block is in the retained queue iff an active session's latest turn holds it;
+* a cached-free block is in the wanted queue iff a queued sequence will hit it, else in the
+  retained queue iff an active session's latest turn holds it;
 * outside ``allocate`` no host slot is claimed, and ``transfers`` are drained every step.
 
 Free blocks keep their contents and hash until they are reused. Allocation takes empty blocks
-first, then evicts cached-free blocks least-recently-freed first, those no active session
-retains before retained ones (see engine/session_retention.py); a sequence frees its blocks
-tail first, so its tail is evicted before its head. A newly queued prompt's cached prefix counts
-as just freed (``touch_prefix``), so it survives the prompts admitted before it.
+first, then evicts cached-free blocks least-recently-freed first: those nothing wants, then
+those an active session retains (see engine/session_retention.py), then, last, those a queued
+prompt will hit (``want_prefix``): a router sent that prompt here for its prefix, and a burst of
+long prompts admitted ahead of it must not evict it (SGLang's radix cache likewise keeps a
+queued request's match). A sequence frees its blocks tail first, so its tail is evicted before
+its head. The full prompt blocks running sequences are still computing are known
+(``waits_for_prefix``), so a queued prompt that shares them waits for them instead of computing
+them a second time.
 
 With a host pool, an evicted block is copied to host memory instead of being dropped, and a
 prompt whose prefix continues in the host pool gets those blocks copied back ("host hits";
@@ -23,7 +28,7 @@ they count as cached tokens, as a KV connector's hits do in vLLM). The copies ar
 forward pass, so a copy never reads a block or slot that a later decision reused.
 """
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -72,6 +77,12 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._retained: OrderedDict[int, None] = OrderedDict()
         """Cached-free blocks of active sessions' latest turns: evicted only after ``_evictable``."""
+        self._wanted_free: OrderedDict[int, None] = OrderedDict()
+        """Cached-free blocks a queued sequence will hit: evicted only when nothing else is free."""
+        self._wants: dict[BlockHash, int] = {}
+        """Per cached hash, the queued sequences that will hit it."""
+        self._computing: dict[BlockHash, int] = {}
+        """Per hash, the running sequences computing that full prompt block (not yet cached)."""
         self._cached: dict[BlockHash, int] = {}
         self.host = HostKVPool(host_blocks)
         self.retention = retention
@@ -89,11 +100,11 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take (empty plus cached-free)."""
-        return len(self._empty) + len(self._evictable) + len(self._retained)
+        return len(self._empty) + self.num_cached_free_blocks
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return len(self._evictable) + len(self._retained)
+        return len(self._evictable) + len(self._retained) + len(self._wanted_free)
 
     @property
     def num_retained_free_blocks(self) -> int:
@@ -147,24 +158,53 @@ class BlockManager:
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_host_hit_tokens = len(host_hits) * self.block_size
         seq.num_registered_blocks = len(hits)
+        self.release_wants(seq)
+        seq.computing = (len(hits), len(seq.token_ids) // self.block_size)
+        for index in range(*seq.computing):
+            block_hash = seq.block_hashes[index]
+            self._computing[block_hash] = self._computing.get(block_hash, 0) + 1
         return True
 
-    def touch_prefix(self, seq: Sequence) -> None:
-        """A sequence was queued: its cached-free prefix blocks become the most recently used, tail
-        first, so the prompts admitted before it do not evict the prefix it will hit (a router sent
-        it here for that prefix; SGLang's radix cache refreshes a queued request's match likewise).
-        """
-        touched = []
+    def want_prefix(self, seq: Sequence) -> None:
+        """A sequence was queued: the cached prefix it will hit is evicted last until it is admitted
+        or leaves (``release_wants``); a router sent it here for that prefix. Its free blocks join
+        the wanted queue tail first, so that if even they must go, the tail goes before the head."""
+        wanted = []
         for block_hash in self._hit_candidates(seq):
-            block_id = self._cached.get(block_hash)
-            if block_id is None:
+            if block_hash not in self._cached:
                 break
-            touched.append(block_id)
-        for block_id in reversed(touched):
-            if block_id in self._evictable:
-                self._evictable.move_to_end(block_id)
-            elif block_id in self._retained:
-                self._retained.move_to_end(block_id)
+            wanted.append(block_hash)
+            self._wants[block_hash] = self._wants.get(block_hash, 0) + 1
+        for block_hash in reversed(wanted):
+            block_id = self._cached[block_hash]
+            if block_id in self._evictable or block_id in self._retained:
+                self._evictable.pop(block_id, None)
+                self._retained.pop(block_id, None)
+                self._wanted_free[block_id] = None
+        seq.wanted_hashes = wanted
+
+    def release_wants(self, seq: Sequence) -> None:
+        """The sequence left the queue (admitted, aborted): its prefix is evicted as any other
+        (rejoining the LRU tail first, so its tail still goes before its head)."""
+        for block_hash in reversed(seq.wanted_hashes):
+            count = self._wants.pop(block_hash, 0) - 1
+            if count > 0:
+                self._wants[block_hash] = count
+                continue
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._wanted_free:
+                del self._wanted_free[block_id]
+                self._free_queue(block_hash)[block_id] = None
+        seq.wanted_hashes = []
+
+    def waits_for_prefix(self, seq: Sequence) -> bool:
+        """Whether the next block the queued ``seq`` would compute is one a running sequence is
+        computing now: admitted now, it would compute that block a second time."""
+        if not self._computing:
+            return False
+        candidates = self._hit_candidates(seq)
+        found = len(self._prefix_hits(seq))
+        return found < len(candidates) and candidates[found] in self._computing
 
     def _hit_candidates(self, seq: Sequence) -> list[BlockHash]:
         """Hashes of the leading full blocks a prompt may hit (never its last token's block)."""
@@ -185,6 +225,7 @@ class BlockManager:
     def register_computed_blocks(self, seq: Sequence) -> None:
         """Offer the sequence's newly computed full blocks to the prefix cache."""
         num_full = seq.num_computed_tokens // self.block_size
+        self._stop_computing(seq, num_full)
         if num_full <= seq.num_registered_blocks:
             return
         computed = seq.token_ids[: num_full * self.block_size]
@@ -211,6 +252,7 @@ class BlockManager:
         A sequence of a session first becomes that session's latest turn, so its blocks are
         retained as they are freed.
         """
+        self._stop_computing(seq, seq.computing[1])
         if self.retention is not None and seq.session is not None:
             hashes = seq.block_hashes[: seq.num_registered_blocks]
             stale, pushed_out, retained = self.retention.record_turn(seq.session, hashes)
@@ -221,10 +263,8 @@ class BlockManager:
             if block.ref_count == 0:
                 if block.block_hash is None:
                     self._empty.append(block_id)
-                elif self.retention is not None and self.retention.is_retained(block.block_hash):
-                    self._retained[block_id] = None
                 else:
-                    self._evictable[block_id] = None
+                    self._free_queue(block.block_hash)[block_id] = None
         seq.block_table = []
         seq.num_registered_blocks = 0
 
@@ -239,8 +279,10 @@ class BlockManager:
         self._cached.clear()
         self._empty.extend(self._evictable)
         self._empty.extend(self._retained)
+        self._empty.extend(self._wanted_free)
         self._evictable.clear()
         self._retained.clear()
+        self._wanted_free.clear()
         self.host.clear()
         if self.retention is not None:
             self.retention.clear()
@@ -287,18 +329,35 @@ class BlockManager:
         events, self.events = self.events, []
         return events
 
-    def assert_invariants(self) -> None:
+    def assert_invariants(self, queued: Iterable[Sequence] = (), running: Iterable[Sequence] = ()) -> None:
+        """The invariants above; with the scheduler's ``queued`` and ``running`` sequences, also
+        that the wanted prefixes are exactly the queued ones' and the blocks being computed
+        exactly the running ones' (no want or computing count outlives its sequence)."""
+        wants: Counter[BlockHash] = Counter(block_hash for seq in queued for block_hash in seq.wanted_hashes)
+        computing: Counter[BlockHash] = Counter(
+            seq.block_hashes[index] for seq in running for index in range(*seq.computing)
+        )
+        if wants or computing or queued or running:
+            assert wants == Counter(self._wants), "a want without its queued sequence, or one missing"
+            assert computing == Counter(self._computing), "a computing block without its running sequence"
         empty, evictable, retained = set(self._empty), set(self._evictable), set(self._retained)
+        wanted = set(self._wanted_free)
         assert len(empty) == len(self._empty), "a block is twice in the empty list"
         assert not empty & evictable, "a block is both empty-free and cached-free"
         assert not (empty | evictable) & retained, "a retained block is also in another free list"
-        free = empty | evictable | retained
+        assert not (empty | evictable | retained) & wanted, "a wanted block is also in another free list"
+        assert all(count > 0 for count in self._wants.values()), "a want count is not positive"
+        assert all(count > 0 for count in self._computing.values()), "a computing count is not positive"
+        for block_id in evictable | retained | wanted:
+            free_hash = self.blocks[block_id].block_hash
+            assert (free_hash in self._wants) == (block_id in wanted), "a wanted block in the wrong free queue"
+        free = empty | evictable | retained | wanted
         in_use = {block.block_id for block in self.blocks if block.ref_count > 0}
         assert all(block.ref_count >= 0 for block in self.blocks), "negative ref count"
         assert not in_use & free, "a free block is referenced"
         assert len(free) + len(in_use) == self.num_blocks, "a block is lost"
         assert all(self.blocks[block_id].block_hash is None for block_id in empty), "an empty block has a hash"
-        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable | retained), (
+        assert all(self.blocks[block_id].block_hash is not None for block_id in evictable | retained | wanted), (
             "cached-free block without hash"
         )
         for block_hash, block_id in self._cached.items():
@@ -354,11 +413,30 @@ class BlockManager:
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            if block_id in self._evictable:
-                del self._evictable[block_id]
-            else:
-                del self._retained[block_id]
+            for queue in (self._evictable, self._retained, self._wanted_free):
+                if block_id in queue:
+                    del queue[block_id]
+                    break
         block.ref_count += 1
+
+    def _free_queue(self, block_hash: BlockHash) -> OrderedDict[int, None]:
+        """Where a cached block goes when its last user frees it."""
+        if block_hash in self._wants:
+            return self._wanted_free
+        if self.retention is not None and self.retention.is_retained(block_hash):
+            return self._retained
+        return self._evictable
+
+    def _stop_computing(self, seq: Sequence, up_to: int) -> None:
+        """The sequence's full prompt blocks before index ``up_to`` are computed (or never will be)."""
+        start, end = seq.computing
+        stop = min(up_to, end)
+        for index in range(start, stop):
+            block_hash = seq.block_hashes[index]
+            count = self._computing.pop(block_hash) - 1
+            if count:
+                self._computing[block_hash] = count
+        seq.computing = (max(start, stop), end)
 
     def _take_free(self) -> int:
         if self._empty:
@@ -370,10 +448,11 @@ class BlockManager:
         return block_id
 
     def _pop_cached_free(self) -> int:
-        """The next cached-free block to evict: one-shots first, then retained turns."""
+        """The next cached-free block to evict: one-shots first, then retained turns, then the
+        prefixes queued prompts will hit."""
         if self._retained and self.retention is not None:
             self._apply_retention(self.retention.expire(), [])
-        queue = self._evictable if self._evictable else self._retained
+        queue = self._evictable or self._retained or self._wanted_free
         block_id, _ = queue.popitem(last=False)
         return block_id
 

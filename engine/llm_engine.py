@@ -369,7 +369,7 @@ class LLMEngine:
             for seq, token_id in zip(step.seqs, sampled, strict=False)
         ]
         if self.check_invariants:
-            self.block_manager.assert_invariants()
+            self.scheduler.assert_invariants()
         ready = [delivery for delivery in deliveries if delivery is not None]
         if ready:
             assert self._loop is not None

@@ -2,7 +2,9 @@
 
 Each step spends a token budget: running sequences first, oldest first (a decode costs one
 token, an unfinished prefill takes the next chunk that fits), then waiting sequences in arrival
-order while blocks and the sequence cap allow. When a running sequence needs a block and none is
+order while blocks and the sequence cap allow. A waiting sequence whose next uncached block a
+running sequence is computing stays queued until it is computed, and hits it then, instead of
+computing the same prefix twice (a follow-up sent right behind its first turn). When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed (its full blocks stay in the
 prefix cache) and it goes back to the head of the queue to be recomputed.
 
@@ -67,7 +69,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its cached prefix is kept from eviction until it is admitted."""
-        self.block_manager.touch_prefix(seq)
+        self.block_manager.want_prefix(seq)
         self.waiting.append(seq)
 
     def schedule(self) -> ScheduledStep:
@@ -87,15 +89,20 @@ class Scheduler:
             preempted |= self.num_preemptions > preemptions_before
             budget -= self._add_chunk(step, seq, budget)
         adapters = {seq.lora_id for seq in self.running if seq.lora_id} if self.max_loras is not None else set()
-        passed = 0  # requests left waiting for an adapter slot, ahead of the one looked at
-        while passed < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[passed]
-            if seq.lora_id and not self._adapter_fits(seq.lora_id, adapters, passed > 0):
-                passed += 1
+        position = 0  # requests before it stay queued: for an adapter slot or a prefix being computed
+        adapter_blocked = False
+        while position < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[position]
+            if seq.lora_id and not self._adapter_fits(seq.lora_id, adapters, adapter_blocked):
+                adapter_blocked = True
+                position += 1
+                continue
+            if self.block_manager.waits_for_prefix(seq):
+                position += 1
                 continue
             if not self.block_manager.allocate(seq):
                 break
-            del self.waiting[passed]
+            del self.waiting[position]
             if seq.lora_id:
                 adapters.add(seq.lora_id)
             if seq.num_cached_tokens is None:
@@ -122,7 +129,12 @@ class Scheduler:
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self.block_manager.release_wants(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def assert_invariants(self) -> None:
+        """The block manager's invariants, checked against this scheduler's queues."""
+        self.block_manager.assert_invariants(self.waiting, self.running)
 
     def _adapter_fits(self, lora_id: int, running: set[int], behind_a_waiting_one: bool) -> bool:
         """Whether a waiting request for adapter ``lora_id`` may start beside the ``running`` adapters.
@@ -151,6 +163,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+        self.block_manager.want_prefix(seq)
         self.num_preemptions += 1
 
     def _add_chunk(self, step: ScheduledStep, seq: Sequence, budget: int) -> int:

@@ -49,6 +49,11 @@ class Sequence:
     """Chained hashes of the full blocks of ``token_ids`` computed so far (grows lazily)."""
     num_registered_blocks: int = 0
     """Leading blocks of ``block_table`` already offered to the prefix cache."""
+    wanted_hashes: list[int] = field(default_factory=list)
+    """While queued: the hashes of the cached prefix it will hit, kept from eviction for it."""
+    computing: tuple[int, int] = (0, 0)
+    """While running: the [start, end) indices of its full prompt blocks not yet computed, which
+    a queued prompt sharing them waits for rather than computing them a second time."""
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -31,13 +31,35 @@ class RoutingConfig(ConfigSection):
     cores, and the simulated engine's default preset, prefill about 600-670 tokens/s)."""
     decode_wait_s_per_request: float = Field(0.005, ge=0)
     """Queue wait each running request adds to a new request's first token (decode steps it shares)."""
-    ttft_target_s: float = Field(1.0, gt=0)
-    """cache_aware moves a request off the replica caching most of it (its owner) only when the
-    owner's estimated TTFT breaks this target by more than the move would spend recomputing the
-    owner's cached prefix, and another replica's meets it; when every replica breaks it, only when
-    another is faster by more than the target (spilling duplicates the prefix).
-    1 s beat 0.5 s on every trace window in ``bench simulate`` (bench/RESULTS.md); 2 s and more
-    let owners queue into KV thrashing on multi-turn."""
+    ttft_target_s: float = Field(5.0, gt=0)
+    """cache_aware moves a request off the replica caching most of it (its owner) when that prefix
+    is private to it (a conversation's earlier turns, not a shared prefix) only when the owner's
+    estimated TTFT breaks this target by more than the move would spend recomputing the owner's
+    cached prefix, and another replica's meets it; when every replica breaks it, only when another
+    is faster by more than the target. A move recomputes the prefix and duplicates it in a second
+    cache: on the trace windows every move off a busy owner at 1-3 s cost hit rate (up to 2.5
+    points on synthetic 2800) and bought no p99 TTFT (``bench simulate``, bench/RESULTS.md), so
+    this is a guard against an owner that truly cannot keep up, not a latency target."""
+    shared_prefix_requests: float = Field(8.0, gt=0)
+    """A prefix is shared (a system prompt, a few-shot preamble, a hot document) once this many
+    requests ended their cached match on it within about ``shared_prefix_window_s``; a request on
+    a shared prefix goes where its estimated TTFT is lowest, cache credited, so a hot prefix is
+    copied to replicas with room instead of queueing on its first holder. A conversation's next
+    turn ends its match on the turn before, which only it matches. 8 and 16 routed every trace
+    window alike in ``bench simulate`` (no trace prefix is that hot there); 3 lost skew 1.4 points."""
+    shared_prefix_window_s: float = Field(10.0, gt=0)
+    """Time constant of the shared-prefix counts: a count fades by e in this many seconds."""
+    placement_slack_s: float = Field(0.1, ge=0)
+    """A request with no useful match (a new prefix) goes, among the replicas whose estimated TTFT
+    is within this of the fastest, to the one whose cache turns over slowest (the fewest new blocks
+    sent to it lately, ``churn_window_s``): its least recently used blocks are then the oldest, so
+    the prefix evicts what is least likely to come back (sglang-router places new prefixes on the
+    replica with the smallest tree to the same end). 0: the fastest, always."""
+    churn_window_s: float = Field(300.0, gt=0)
+    """Time constant of the new-block counts that measure each replica's cache turnover: about
+    the time a replica's cache takes to turn over once (131k tokens at the ~600 new tokens/s of
+    the trace benchmarks: 220 s). In ``bench simulate`` 300 s was ahead of the sglang-router
+    model on 20 of 25 trace windows, 60 s on 18, 10 s on 17 (bench/RESULTS.md)."""
     min_match_tokens: int = Field(64, ge=0)
     """A match that exceeds what every candidate holds by fewer tokens than this is no useful match:
     the request is placed by load alone."""

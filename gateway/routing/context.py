@@ -30,6 +30,11 @@ class RouteContext:
     indexed_blocks: dict[str, int]
     """Blocks the index holds per replica: how full its cache is believed to be."""
     config: RoutingConfig
+    shared_prefix: bool = False
+    """The deepest cached block of the prompt is one many recent requests matched
+    (``RoutingConfig.shared_prefix_requests``): a prefix worth copying, not a private one."""
+    churn: dict[str, float] = field(default_factory=dict)
+    """New blocks recently sent to each replica: how fast its cache turns over."""
     best_cached: int = field(init=False)
     """The most cached tokens any eligible replica has."""
     shared_cached: int = field(init=False)

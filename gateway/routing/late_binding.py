@@ -29,8 +29,9 @@ T = TypeVar("T")
 
 def hold_for_owner(ctx: RouteContext, chosen: str, max_wait_s: float) -> Hold | None:
     """A hold when ``chosen`` is a load spill off an owner whose estimated TTFT is at most
-    ``max_wait_s`` above ``chosen``'s (waiting costs at most that much); None otherwise."""
-    if not ctx.has_useful_match or ctx.is_owner(chosen):
+    ``max_wait_s`` above ``chosen``'s (waiting costs at most that much); None otherwise, and never
+    for a shared prefix, which cache_aware means to copy to a replica with room."""
+    if not ctx.has_useful_match or ctx.shared_prefix or ctx.is_owner(chosen):
         return None
     by_name = {replica.name: replica for replica in ctx.replicas}
     owners = [(ctx.estimated_ttft_s(replica), replica.name) for replica in ctx.replicas if ctx.is_owner(replica.name)]

@@ -14,6 +14,7 @@ from gateway.routing.cache_tracker import CacheTracker, IndexStats
 from gateway.routing.calibration import Calibration, CalibrationStats
 from gateway.routing.config import RoutingConfig
 from gateway.routing.context import RouteContext, cached_tokens
+from gateway.routing.decaying_counts import DecayingCounts
 from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING = 65536
 """Routed requests remembered for calibration; the oldest are dropped past this."""
+MAX_COUNTED_PREFIXES = 65536
+"""Prefixes whose recent requests the shared-prefix rule counts; the least recently matched go first."""
 
 
 @dataclass
@@ -58,6 +61,11 @@ class Router:
         self.block_size = block_size
         self.config = config
         self.tracker = CacheTracker(config, block_size, replicas, clock)
+        self._clock = clock
+        self._prefix_requests: DecayingCounts[int] = DecayingCounts(config.shared_prefix_window_s, MAX_COUNTED_PREFIXES)
+        """Per deepest cached block hash: the requests routed with their match ending there."""
+        self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_PREFIXES)
+        """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
         self.calibration = Calibration()
         self._rings: dict[str, HashRing] = {}
         self._replicas = list(replicas)
@@ -87,7 +95,13 @@ class Router:
         priced = self.tracker.priced_cached(request.block_hashes, matched, cached)
         index = self.tracker.index
         indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
-        ctx = RouteContext(request, candidates, priced, indexed, self.config)
+        now = self._clock()
+        deepest = max(matched.values(), default=0)
+        shared = bool(deepest) and (
+            self._prefix_requests.value(request.block_hashes[deepest - 1], now) >= self.config.shared_prefix_requests
+        )
+        churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
+        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn)
         ranked = self.policy.rank(ctx)
         self._remember(request.request_id, _Pending(matched, cached, found))
         chosen = ranked[0]
@@ -99,9 +113,16 @@ class Router:
         return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold)
 
     def on_routed(self, request: RouteRequest, backend: str) -> None:
-        if backend in self._names:
-            pending = self._pending.get(request.request_id)
-            self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
+        if backend not in self._names:
+            return
+        pending = self._pending.get(request.request_id)
+        if pending is not None:
+            now = self._clock()
+            deepest = max(pending.matched_blocks.values(), default=0)
+            if deepest:
+                self._prefix_requests.add(request.block_hashes[deepest - 1], 1.0, now)
+            self._new_blocks.add(backend, len(request.block_hashes) - pending.matched_blocks.get(backend, 0), now)
+        self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 
     def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:
         pending = self._pending.pop(request.request_id, None)
@@ -120,6 +141,8 @@ class Router:
         if config.session_vnodes != self.config.session_vnodes or replicas != self._replicas:
             self._rings.clear()
         self.config = config
+        self._prefix_requests.time_constant_s = config.shared_prefix_window_s
+        self._new_blocks.time_constant_s = config.churn_window_s
         self._replicas = list(replicas)
         self._names = {spec.name for spec in replicas}
         self.tracker.update(config, replicas)

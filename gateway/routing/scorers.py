@@ -36,19 +36,26 @@ def inverse_cost(seconds: list[float]) -> list[float]:
 class EstimatedTTFT:
     """cache_aware: time to first token = queue wait + prefill of the tokens not cached there.
 
-    Owners keep their follow-ups: a replica holding less of the prompt than the owner (the replica
-    with the longest useful match) competes only when the owner's estimate breaks
-    ``ttft_target_s`` by more than the move would spend recomputing the prefix the owner holds
-    and that replica lacks, and its own estimate meets the target. Moving a request recomputes
-    that prefix and duplicates it in a second cache, which pays only when the owner truly cannot
-    keep up: an owner late by 20 ms must not cost the fleet 400 ms of prefill. When every replica
-    breaks the target (overload), another replica wins only if it is faster by more than the
-    target, so a hot prefix still spreads off an owner whose queue keeps growing.
+    - A new prefix (no useful match) goes to the fastest replica, or to one within
+      ``placement_slack_s`` of it: all of those tie, and the picker takes the one whose cache
+      turns over slowest.
+    - A shared prefix (``ctx.shared_prefix``) goes where its estimated TTFT is lowest, cache
+      credited: a hot system prompt is copied to a replica with room rather than queueing on its
+      first holder.
+    - A private prefix stays with its owner (the replica with the longest useful match): another
+      replica competes only when the owner's estimate breaks ``ttft_target_s`` by more than the
+      move would spend recomputing the prefix the owner holds and that replica lacks, and its own
+      estimate meets the target. Moving a conversation's turn recomputes its history and
+      duplicates it in a second cache, which pays only when the owner truly cannot keep up. When
+      every replica breaks the target (overload), another replica wins only if it is faster by
+      more than the target.
     """
 
     def score(self, ctx: RouteContext) -> list[float]:
         estimates = [ctx.estimated_ttft_s(replica) for replica in ctx.replicas]
         if not ctx.has_useful_match:
+            return _near_fastest(estimates, ctx.config.placement_slack_s)
+        if ctx.shared_prefix:
             return inverse_cost(estimates)
         target = ctx.config.ttft_target_s
         owner_s = min(
@@ -62,6 +69,15 @@ class EstimatedTTFT:
                 for replica, estimate in zip(ctx.replicas, estimates, strict=True)
             ]
         )
+
+
+def _near_fastest(estimates: list[float], slack_s: float) -> list[float]:
+    """``inverse_cost``, except that every estimate within ``slack_s`` of the fastest scores 1."""
+    fastest = min(estimates)
+    return [
+        1.0 if estimate <= fastest + slack_s else score
+        for estimate, score in zip(estimates, inverse_cost(estimates), strict=True)
+    ]
 
 
 def _mover_cost(estimate_s: float, owner_s: float, target_s: float, recompute_s: float) -> float:

@@ -83,7 +83,7 @@ def test_late_binding_holds_spills_for_their_owners_and_every_request_still_fini
     assert len(outcome.load.results) == len(REQUESTS) and all(r.ok for r in outcome.load.results)
     assert all(not line for line in fleet._held.values())
     for backend in fleet.backends:
-        backend.replica.block_manager.assert_invariants()
+        backend.replica.scheduler.assert_invariants()
         assert backend.in_flight == backend.kv_reserved_blocks == 0
 
 

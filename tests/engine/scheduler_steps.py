@@ -16,5 +16,5 @@ def run_step(scheduler: Scheduler) -> list[SeqChunk]:
     for seq in step.seqs:
         if seq.finish_reason is not None:
             scheduler.finish(seq)
-    scheduler.block_manager.assert_invariants()
+    scheduler.assert_invariants()
     return step.chunks

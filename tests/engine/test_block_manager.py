@@ -120,7 +120,7 @@ def test_a_queued_prompts_prefix_is_evicted_last() -> None:
         compute_all(manager, seq)
         manager.free(seq)
     follow_up = make_seq(2, [*range(16), 50, 51])
-    manager.touch_prefix(follow_up)
+    manager.want_prefix(follow_up)
     one_shot = make_seq(3, list(range(200, 216)))
     assert manager.allocate(one_shot)
     manager.free(one_shot)
@@ -208,7 +208,7 @@ def test_invariants_hold_under_random_operations(ops: list[tuple[str, int, int]]
         elif op == "reset":
             manager.reset_prefix_cache()
         elif op == "touch":
-            manager.touch_prefix(make_seq(slot, prompts[slot][:size]))
+            manager.want_prefix(make_seq(slot, prompts[slot][:size]))
         manager.assert_invariants()
         for other in live.values():
             assert len(other.block_table) * BLOCK >= len(other.token_ids)
@@ -217,3 +217,60 @@ def test_invariants_hold_under_random_operations(ops: list[tuple[str, int, int]]
         manager.free(seq)
     manager.assert_invariants()
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_queued_prefix_outlives_blocks_freed_after_it_was_queued() -> None:
+    """The wanted prefix goes after every other cached-free block, even ones freed later."""
+    manager = BlockManager(8, BLOCK, MODEL)
+    prefix = make_seq(0, list(range(16)))
+    assert manager.allocate(prefix)
+    compute_all(manager, prefix)
+    manager.free(prefix)
+    follow_up = make_seq(1, [*range(16), 50, 51])
+    manager.want_prefix(follow_up)
+    later = make_seq(2, list(range(100, 116)))
+    assert manager.allocate(later)
+    compute_all(manager, later)
+    manager.free(later)
+    one_shot = make_seq(3, list(range(200, 216)))
+    assert manager.allocate(one_shot)
+    manager.free(one_shot)
+    manager.assert_invariants()
+    assert manager.allocate(follow_up) and follow_up.num_computed_tokens == 16
+    manager.assert_invariants()
+
+
+def test_wanted_blocks_go_tail_first_when_nothing_else_is_free() -> None:
+    manager = BlockManager(5, BLOCK, MODEL)
+    prefix = make_seq(0, list(range(16)))
+    assert manager.allocate(prefix)
+    compute_all(manager, prefix)
+    manager.free(prefix)
+    follow_up = make_seq(1, [*range(16), 50])
+    manager.want_prefix(follow_up)
+    one_shot = make_seq(2, list(range(200, 208)))
+    assert manager.allocate(one_shot), "a want never blocks an allocation"
+    manager.free(one_shot)
+    manager.assert_invariants()
+    assert manager.allocate(follow_up) and follow_up.num_computed_tokens == 12, "the head survived"
+
+
+def test_a_released_want_returns_the_prefix_to_the_lru() -> None:
+    manager = BlockManager(9, BLOCK, MODEL)
+    prefix = make_seq(0, list(range(16)))
+    assert manager.allocate(prefix)
+    compute_all(manager, prefix)
+    manager.free(prefix)
+    aborted = make_seq(1, [*range(16), 50])
+    manager.want_prefix(aborted)
+    manager.release_wants(aborted)
+    manager.assert_invariants()
+    later = make_seq(2, list(range(100, 116)))
+    assert manager.allocate(later)
+    compute_all(manager, later)
+    manager.free(later)
+    assert manager.allocate(make_seq(3, list(range(200, 216))))
+    manager.assert_invariants()
+    assert manager.num_cached_blocks == 1 + 4, "three of the released prefix's blocks went, tail first"
+    probe = make_seq(4, [*range(100, 116), 9])
+    assert manager.allocate(probe) and probe.num_computed_tokens == 16, "the later prompt stayed"

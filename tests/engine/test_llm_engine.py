@@ -81,7 +81,7 @@ def test_closing_the_stream_early_aborts_the_request() -> None:
 
     run(engine, scenario)
     assert engine.block_manager.num_free_blocks == NUM_BLOCKS
-    engine.block_manager.assert_invariants()
+    engine.scheduler.assert_invariants()
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving() -> None:

@@ -97,7 +97,7 @@ def test_abort_frees_running_and_waiting_sequences() -> None:
     assert not scheduler.has_work
     assert scheduler.block_manager.num_free_blocks == 8
     assert running.status is SequenceStatus.FINISHED
-    scheduler.block_manager.assert_invariants()
+    scheduler.assert_invariants()
 
 
 def test_eos_finishes_a_sequence_unless_ignored() -> None:
@@ -145,3 +145,61 @@ def test_a_queued_follow_up_keeps_its_cached_prefix_while_others_are_admitted_fi
     scheduler.add(follow_up)
     run_to_completion(scheduler)
     assert follow_up.num_cached_tokens == 12
+
+
+def follow_up_of(first: Sequence, seq_id: int, extra: int = 4) -> Sequence:
+    prompt = [*first.prompt_token_ids, *range(40, 40 + extra)]
+    return Sequence(seq_id, prompt, SamplingParams(temperature=0.0, max_tokens=4), max_total_tokens=256)
+
+
+def test_a_follow_up_waits_for_the_prefix_its_first_turn_is_computing() -> None:
+    """Admitted at once, the follow-up would compute the same 32 tokens a second time."""
+    scheduler = make_scheduler(num_blocks=32, budget=8)
+    first = make_seq(0, 32)
+    scheduler.add(first)
+    run_step(scheduler)
+    follow_up = follow_up_of(first, 1)
+    scheduler.add(follow_up)
+    while first.num_computed_tokens < 32:
+        assert [chunk.seq_id for chunk in run_step(scheduler)] == [0], "the follow-up waits"
+    run_to_completion(scheduler)
+    assert follow_up.num_cached_tokens == 32
+
+
+def test_a_follow_up_whose_first_turn_is_aborted_stops_waiting() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=8)
+    first = make_seq(0, 32)
+    scheduler.add(first)
+    run_step(scheduler)
+    follow_up = follow_up_of(first, 1)
+    scheduler.add(follow_up)
+    scheduler.finish(first)
+    assert [chunk.seq_id for chunk in run_step(scheduler)] == [1]
+    assert follow_up.num_cached_tokens == 8, "the chunk the first turn computed before it left"
+
+
+def test_requests_behind_a_waiting_follow_up_still_start() -> None:
+    scheduler = make_scheduler(num_blocks=32, budget=20)
+    first = make_seq(0, 32)
+    scheduler.add(first)
+    run_step(scheduler)
+    scheduler.add(follow_up_of(first, 1))
+    scheduler.add(make_seq(2, 4))
+    assert [chunk.seq_id for chunk in run_step(scheduler)] == [0, 2]
+
+
+def test_an_aborted_queued_request_releases_the_prefix_it_wanted() -> None:
+    scheduler = make_scheduler(num_blocks=16, max_num_seqs=1)
+    first = make_seq(0, 16, max_tokens=1)
+    scheduler.add(first)
+    run_to_completion(scheduler)
+    blocker = make_seq(1, 4, max_tokens=8)
+    scheduler.add(blocker)
+    run_step(scheduler)
+    queued = follow_up_of(first, 2)
+    scheduler.add(queued)
+    assert queued.wanted_hashes, "it wants the first turn's cached blocks"
+    scheduler.finish(queued)
+    assert not queued.wanted_hashes
+    scheduler.assert_invariants()
+    run_to_completion(scheduler)

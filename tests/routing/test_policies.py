@@ -19,13 +19,16 @@ def test_cache_aware_prefers_the_replica_holding_the_prefix() -> None:
     assert decision.ranked[0] == "b" and sorted(decision.ranked) == ["a", "b", "c"]
 
 
-def test_cache_aware_spills_a_hot_prefix_when_its_replica_is_busy() -> None:
+def test_cache_aware_spills_a_follow_up_only_when_its_owner_cannot_keep_up() -> None:
+    """At 650 tokens/s the 5 s target is about 3,250 queued tokens; the move recomputes 960 more."""
     r = router()
     warm(r, "b", prefix=1)
-    slightly_busy = [state("a"), state("b", in_flight=2, prefill_tokens=128), state("c")]
-    assert r.route(request(1), slightly_busy).backend == "b"
+    busy = [state("a"), state("b", in_flight=2, prefill_tokens=3000), state("c")]
+    assert r.route(request(1), busy).backend == "b", "b ~4.7 s: slow, but moving costs the prefix"
     swamped = [state("a", in_flight=1, prefill_tokens=64), state("b", in_flight=8, prefill_tokens=4000), state("c")]
-    decision = r.route(request(1), swamped)
+    assert r.route(request(1), swamped).backend == "b", "b ~6.3 s breaks 5 s by less than the 1.5 s recompute"
+    drowning = [state("a", in_flight=1, prefill_tokens=64), state("b", in_flight=8, prefill_tokens=5000), state("c")]
+    decision = r.route(request(1), drowning)
     assert (decision.backend, decision.reason) == ("c", "load-spill")
     assert decision.predicted_cached_tokens == 0
 
@@ -37,14 +40,26 @@ def test_cache_aware_counts_replica_reported_queue() -> None:
     assert (decision.backend, decision.reason) == ("b", "load-spill")
 
 
-def test_no_useful_match_goes_to_least_loaded_then_emptier_cache_then_name() -> None:
+def test_no_useful_match_goes_to_least_loaded_then_slowest_turnover_then_name() -> None:
     r = router(min_match_tokens=2000)
     warm(r, "a", prefix=1)
-    decision = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=10), state("c")])
-    assert (decision.backend, decision.reason) == ("c", "no-match")
-    assert r.route(request(2), IDLE).backend == "b", "a holds blocks, b and c are empty: name decides"
+    decision = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=100), state("c")])
+    assert (decision.backend, decision.reason) == ("c", "no-match"), "b is 0.15 s behind, beyond the 0.1 s slack"
+    assert r.route(request(2), IDLE).backend == "b", "a has taken new blocks, b and c none: name decides"
     fresh = router()
     assert [fresh.route(request(9), IDLE).backend for _ in range(3)] == ["a", "a", "a"], "deterministic"
+
+
+def test_a_new_prefix_goes_to_the_slowest_turning_cache_within_the_slack() -> None:
+    """b is 0.08 s slower than a (within the 0.1 s slack) but has taken fewer new blocks lately,
+    so its least recently used blocks are older: a new prefix evicts less there."""
+    r = router()
+    for prefix in (1, 2):
+        r.on_routed(request(prefix, request_id=f"old-{prefix}"), "a")
+    r.on_routed(request(3, request_id="old-3"), "c")
+    replicas = [state("a"), state("b", in_flight=1, prefill_tokens=50), state("c")]
+    assert r.route(request(9), replicas).backend == "b"
+    assert router(placement_slack_s=0.0).route(request(9), replicas).backend == "a", "no slack: the fastest"
 
 
 def test_new_prefixes_spread_over_idle_replicas() -> None:
