@@ -42,7 +42,8 @@ class RoutingConfig(ConfigSection):
     this is a guard against an owner that truly cannot keep up, not a latency target."""
     shared_prefix_requests: float = Field(8.0, gt=0)
     """A prefix is shared (a system prompt, a few-shot preamble, a hot document) once this many
-    requests ended their cached match on it within about ``shared_prefix_window_s``; a request on
+    requests ended their cached match on it within about ``shared_prefix_window_s`` (a count that
+    fades continuously, so N requests in quick succession count a little under N); a request on
     a shared prefix goes where its estimated TTFT is lowest, cache credited, so a hot prefix is
     copied to replicas with room instead of queueing on its first holder. A conversation's next
     turn ends its match on the turn before, which only it matches. 8 and 16 routed every trace

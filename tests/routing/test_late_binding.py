@@ -56,6 +56,17 @@ def test_no_hold_where_there_is_no_spill() -> None:
     assert (one_shot.reason, one_shot.hold) == ("no-match", None)
 
 
+def test_a_shared_prefix_moved_off_its_owner_is_not_held() -> None:
+    """cache_aware means to copy a shared prefix to a replica with room, not to wait for it."""
+    r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding=LATE, shared_prefix_requests=1.5)
+    warm(r, "b", prefix=1)
+    for i in range(2):  # two siblings: a count of just under 2 once it has faded a little
+        sibling = request(1, request_id=f"sibling-{i}")
+        r.on_routed(sibling, r.route(sibling, [state("a"), state("b"), state("c")]).backend)
+    decision = r.route(request(1), swamped_owner())
+    assert (decision.backend, decision.reason, decision.hold) == ("a", "load-spill", None)
+
+
 def test_a_hold_line_serves_the_fewest_uncached_tokens_first_then_first_come() -> None:
     line: HoldLine[str] = HoldLine()
     for name, uncached in [("big", 900), ("small", 100), ("mid", 500), ("small-later", 100)]:
