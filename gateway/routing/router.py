@@ -30,6 +30,8 @@ MAX_PENDING = 65536
 """Routed requests remembered for calibration; the oldest are dropped past this."""
 MAX_COUNTED_PREFIXES = 65536
 """Prefixes whose recent requests the shared-prefix rule counts; the least recently matched go first."""
+MAX_COUNTED_REPLICAS = 4096
+"""Replicas whose new blocks are counted (removed ones linger until pushed out)."""
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Router:
         self._clock = clock
         self._prefix_requests: DecayingCounts[int] = DecayingCounts(config.shared_prefix_window_s, MAX_COUNTED_PREFIXES)
         """Per deepest cached block hash: the requests routed with their match ending there."""
-        self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_PREFIXES)
+        self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_REPLICAS)
         """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
         self.calibration = Calibration()
         self._rings: dict[str, HashRing] = {}
