@@ -98,9 +98,9 @@ class Router:
         index = self.tracker.index
         indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
         now = self._clock()
-        deepest = max(matched.values(), default=0)
-        shared = bool(deepest) and (
-            self._prefix_requests.value(request.block_hashes[deepest - 1], now) >= self.config.shared_prefix_requests
+        match_end = _match_end(request.block_hashes, matched)
+        shared = match_end is not None and (
+            self._prefix_requests.value(match_end, now) >= self.config.shared_prefix_requests
         )
         churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
         ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn)
@@ -120,9 +120,9 @@ class Router:
         pending = self._pending.get(request.request_id)
         if pending is not None:
             now = self._clock()
-            deepest = max(pending.matched_blocks.values(), default=0)
-            if deepest:
-                self._prefix_requests.add(request.block_hashes[deepest - 1], 1.0, now)
+            match_end = _match_end(request.block_hashes, pending.matched_blocks)
+            if match_end is not None:
+                self._prefix_requests.add(match_end, 1.0, now)
             self._new_blocks.add(backend, len(request.block_hashes) - pending.matched_blocks.get(backend, 0), now)
         self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 
@@ -168,6 +168,13 @@ class Router:
         if len(self._pending) >= MAX_PENDING:
             del self._pending[next(iter(self._pending))]
         self._pending[request_id] = pending
+
+
+def _match_end(hashes: list[int], matched: dict[str, int]) -> int | None:
+    """The hash of the deepest block any replica holds (None: no replica holds any): the prefix a
+    request's cached match ends on, which the shared-prefix rule counts."""
+    deepest = max(matched.values(), default=0)
+    return hashes[deepest - 1] if deepest else None
 
 
 def _policy_fields(config: RoutingConfig) -> tuple[object, ...]:

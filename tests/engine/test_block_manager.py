@@ -37,6 +37,14 @@ def test_second_prompt_hits_cached_full_blocks() -> None:
     manager.assert_invariants()
 
 
+def cached(manager: BlockManager, seq_id: int, tokens: list[int]) -> None:
+    """A prompt that ran and left: its full blocks are cached-free."""
+    seq = make_seq(seq_id, tokens)
+    assert manager.allocate(seq)
+    compute_all(manager, seq)
+    manager.free(seq)
+
+
 def first_blocks(manager: BlockManager, tokens: list[int]) -> list[int]:
     return [manager._cached[block_hash] for block_hash in block_hashes(tokens, BLOCK, MODEL)]
 
@@ -222,19 +230,11 @@ def test_invariants_hold_under_random_operations(ops: list[tuple[str, int, int]]
 def test_a_queued_prefix_outlives_blocks_freed_after_it_was_queued() -> None:
     """The wanted prefix goes after every other cached-free block, even ones freed later."""
     manager = BlockManager(8, BLOCK, MODEL)
-    prefix = make_seq(0, list(range(16)))
-    assert manager.allocate(prefix)
-    compute_all(manager, prefix)
-    manager.free(prefix)
+    cached(manager, 0, list(range(16)))
     follow_up = make_seq(1, [*range(16), 50, 51])
     manager.want_prefix(follow_up)
-    later = make_seq(2, list(range(100, 116)))
-    assert manager.allocate(later)
-    compute_all(manager, later)
-    manager.free(later)
-    one_shot = make_seq(3, list(range(200, 216)))
-    assert manager.allocate(one_shot)
-    manager.free(one_shot)
+    cached(manager, 2, list(range(100, 116)))
+    cached(manager, 3, list(range(200, 216)))
     manager.assert_invariants()
     assert manager.allocate(follow_up) and follow_up.num_computed_tokens == 16
     manager.assert_invariants()
@@ -242,10 +242,7 @@ def test_a_queued_prefix_outlives_blocks_freed_after_it_was_queued() -> None:
 
 def test_wanted_blocks_go_tail_first_when_nothing_else_is_free() -> None:
     manager = BlockManager(5, BLOCK, MODEL)
-    prefix = make_seq(0, list(range(16)))
-    assert manager.allocate(prefix)
-    compute_all(manager, prefix)
-    manager.free(prefix)
+    cached(manager, 0, list(range(16)))
     follow_up = make_seq(1, [*range(16), 50])
     manager.want_prefix(follow_up)
     one_shot = make_seq(2, list(range(200, 208)))
@@ -257,18 +254,12 @@ def test_wanted_blocks_go_tail_first_when_nothing_else_is_free() -> None:
 
 def test_a_released_want_returns_the_prefix_to_the_lru() -> None:
     manager = BlockManager(9, BLOCK, MODEL)
-    prefix = make_seq(0, list(range(16)))
-    assert manager.allocate(prefix)
-    compute_all(manager, prefix)
-    manager.free(prefix)
+    cached(manager, 0, list(range(16)))
     aborted = make_seq(1, [*range(16), 50])
     manager.want_prefix(aborted)
     manager.release_wants(aborted)
     manager.assert_invariants()
-    later = make_seq(2, list(range(100, 116)))
-    assert manager.allocate(later)
-    compute_all(manager, later)
-    manager.free(later)
+    cached(manager, 2, list(range(100, 116)))
     assert manager.allocate(make_seq(3, list(range(200, 216))))
     manager.assert_invariants()
     assert manager.num_cached_blocks == 1 + 4, "three of the released prefix's blocks went, tail first"

@@ -152,14 +152,20 @@ def follow_up_of(first: Sequence, seq_id: int, extra: int = 4) -> Sequence:
     return Sequence(seq_id, prompt, SamplingParams(temperature=0.0, max_tokens=4), max_total_tokens=256)
 
 
-def test_a_follow_up_waits_for_the_prefix_its_first_turn_is_computing() -> None:
-    """Admitted at once, the follow-up would compute the same 32 tokens a second time."""
-    scheduler = make_scheduler(num_blocks=32, budget=8)
+def follow_up_during_prefill(budget: int) -> tuple[Scheduler, Sequence, Sequence]:
+    """A 32-token first turn one step into its prefill, and its follow-up just queued."""
+    scheduler = make_scheduler(num_blocks=32, budget=budget)
     first = make_seq(0, 32)
     scheduler.add(first)
     run_step(scheduler)
     follow_up = follow_up_of(first, 1)
     scheduler.add(follow_up)
+    return scheduler, first, follow_up
+
+
+def test_a_follow_up_waits_for_the_prefix_its_first_turn_is_computing() -> None:
+    """Admitted at once, the follow-up would compute the same 32 tokens a second time."""
+    scheduler, first, follow_up = follow_up_during_prefill(budget=8)
     while first.num_computed_tokens < 32:
         assert [chunk.seq_id for chunk in run_step(scheduler)] == [0], "the follow-up waits"
     run_to_completion(scheduler)
@@ -167,23 +173,14 @@ def test_a_follow_up_waits_for_the_prefix_its_first_turn_is_computing() -> None:
 
 
 def test_a_follow_up_whose_first_turn_is_aborted_stops_waiting() -> None:
-    scheduler = make_scheduler(num_blocks=32, budget=8)
-    first = make_seq(0, 32)
-    scheduler.add(first)
-    run_step(scheduler)
-    follow_up = follow_up_of(first, 1)
-    scheduler.add(follow_up)
+    scheduler, first, follow_up = follow_up_during_prefill(budget=8)
     scheduler.finish(first)
     assert [chunk.seq_id for chunk in run_step(scheduler)] == [1]
     assert follow_up.num_cached_tokens == 8, "the chunk the first turn computed before it left"
 
 
 def test_requests_behind_a_waiting_follow_up_still_start() -> None:
-    scheduler = make_scheduler(num_blocks=32, budget=20)
-    first = make_seq(0, 32)
-    scheduler.add(first)
-    run_step(scheduler)
-    scheduler.add(follow_up_of(first, 1))
+    scheduler, _, _ = follow_up_during_prefill(budget=20)
     scheduler.add(make_seq(2, 4))
     assert [chunk.seq_id for chunk in run_step(scheduler)] == [0, 2]
 
