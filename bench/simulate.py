@@ -67,7 +67,8 @@ class SimFleet:
     is the gateway's own count of the uncached prompt tokens it sent."""
     retention: bool = True
     """Behind kvgate, requests with a session key carry it as a retention hint, as the gateway sends
-    it to bundled engines, which keep active sessions' latest turns (``--session-retain-fraction``)."""
+    it to bundled engines, which keep active sessions' latest turns (``--session-retain-fraction``);
+    follow-ups without one carry the key the router inferred (``RouteDecision.retention_key``)."""
 
     @property
     def max_model_len(self) -> int:
@@ -399,7 +400,9 @@ class VirtualFleet:
             self._schedule(now, self._pump_admission)
             self._schedule(now, lambda: self._release_held(name))
 
-        session = route.session_key if self.router is not None and self.fleet.retention else None
+        session = (
+            (route.session_key or decision.retention_key) if self.router is not None and self.fleet.retention else None
+        )
         backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session)
         self._start_step(backend.replica)
 

@@ -205,7 +205,7 @@ class Dispatcher:
                 call = ProxyCall(
                     client=self.upstream,
                     url=f"{backend.spec.url}{forwarding.path}",
-                    body=with_retention_hint(forwarding.body, request.session_key)
+                    body=with_retention_hint(forwarding.body, request.session_key or decision.retention_key)
                     if backend.takes_retention_hints
                     else forwarding.body,
                     stream=forwarding.stream,

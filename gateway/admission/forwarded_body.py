@@ -35,7 +35,8 @@ MAX_SESSION_HINT_CHARS = 256
 
 
 def with_retention_hint(body: dict[str, Any], session_key: str | None) -> dict[str, Any]:
-    """``body`` with ``kvgate_session`` set to the client's session key (never mutated; as is without a key)."""
+    """``body`` with ``kvgate_session`` set to the session key, the client's or one the router inferred
+    (never mutated; as is without a key)."""
     if not session_key:
         return body
     if len(session_key) > MAX_SESSION_HINT_CHARS:

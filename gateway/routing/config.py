@@ -74,6 +74,11 @@ class RoutingConfig(ConfigSection):
     64 (bound 37.8 %) in ``bench simulate``, and changed no 4-replica window or generated workload
     by more than 0.4 points (bench/RESULTS.md); 0.0 turns it off."""
 
+    infer_retention_keys: bool = True
+    """A follow-up on a private prefix without a client session key carries a key inferred from its
+    prefix (gateway/routing/retention_keys.py) as a retention hint to bundled engines, which then
+    keep the conversation's latest turn past one-shot prompts."""
+
     late_binding: LateBindingConfig = LateBindingConfig()
     """Hold a request for its busy owner at the gateway instead of spilling it."""
 

@@ -19,6 +19,7 @@ from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
+from gateway.routing.retention_keys import conversation_key
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 from radix.prefix_index import PrefixMatch
 
@@ -30,6 +31,11 @@ MAX_PENDING = 65536
 """Routed requests remembered for calibration; the oldest are dropped past this."""
 MAX_COUNTED_PREFIXES = 65536
 """Prefixes whose recent requests the shared-prefix rule counts; the least recently matched go first."""
+BRANCH_WINDOW_S = 300.0
+"""Time constant of the match-end counts that find where conversations part (a system prompt's end)."""
+BRANCH_REQUESTS = 1.5
+"""A block at least this many recent requests' matches ended on is a branch point: more than one
+request within about ``BRANCH_WINDOW_S * ln 2`` (a conversation's turn ends one match each)."""
 MAX_COUNTED_REPLICAS = 4096
 """Replicas whose new blocks are counted (removed ones linger until pushed out)."""
 
@@ -66,6 +72,8 @@ class Router:
         self._clock = clock
         self._prefix_requests: DecayingCounts[int] = DecayingCounts(config.shared_prefix_window_s, MAX_COUNTED_PREFIXES)
         """Per deepest cached block hash: the requests routed with their match ending there."""
+        self._match_ends: DecayingCounts[int] = DecayingCounts(BRANCH_WINDOW_S, MAX_COUNTED_PREFIXES)
+        """The same, fading over minutes: where conversations part, for inferred retention keys."""
         self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_REPLICAS)
         """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
         self.calibration = Calibration()
@@ -112,7 +120,17 @@ class Router:
         hold = None
         if late.enabled and may_hold and reason == "load-spill":
             hold = hold_for_owner(ctx, chosen, late.max_wait_s)
-        return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold)
+        retention_key = None
+        if self.config.infer_retention_keys and reason == "prefix-hit" and not shared and request.session_key is None:
+            held = [matched.get(replica.name, 0) for replica in candidates]
+            retention_key = conversation_key(
+                request.block_hashes, held, lambda block: self._is_branch_point(block, now)
+            )
+        return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
+
+    def _is_branch_point(self, block_hash: int, now: float) -> bool:
+        """More than one recent request's cached match ended on this block: conversations part here."""
+        return self._match_ends.value(block_hash, now) >= BRANCH_REQUESTS
 
     def on_routed(self, request: RouteRequest, backend: str) -> None:
         if backend not in self._names:
@@ -123,6 +141,7 @@ class Router:
             match_end = _match_end(request.block_hashes, pending.matched_blocks)
             if match_end is not None:
                 self._prefix_requests.add(match_end, 1.0, now)
+                self._match_ends.add(match_end, 1.0, now)
             self._new_blocks.add(backend, len(request.block_hashes) - pending.matched_blocks.get(backend, 0), now)
         self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 

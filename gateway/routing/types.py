@@ -61,3 +61,7 @@ class RouteDecision:
     hold: Hold | None = None
     """Set when late binding is on and ``backend`` is a load spill worth waiting out: the caller
     holds the request for the owner and routes it again when the owner frees capacity."""
+    retention_key: str | None = None
+    """For a follow-up on a private prefix without a client session key: a key stable across the
+    conversation's turns (gateway/routing/retention_keys.py), sent to bundled engines as a retention
+    hint so its latest turn outlives one-shot prompts."""

@@ -118,6 +118,37 @@ def test_multi_turn_conversation_stays_on_its_replica(predicted_gateway: Managed
         reply = completion["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("infer", [True, False])
+def test_a_follow_up_without_a_session_key_is_retained_by_its_engine(
+    engines: tuple[list[ManagedProcess], list[str]], tmp_path: Path, infer: bool
+) -> None:
+    """The router names the conversation (gateway/routing/retention_keys.py) and the owner keeps its
+    latest turn as a session's: its blocks are retained free blocks once the turn has finished."""
+    processes, _ = engines
+    for process in processes:
+        assert http("POST", f"{process.url}/reset_prefix_cache", b"").status == 200
+    config = gateway_config(free_port(), processes, routing={"policy": "cache_aware", "infer_retention_keys": infer})
+    for backend in config["backends"]:
+        backend["kv_capacity_blocks"] = NUM_BLOCKS
+    with gateway_for(tmp_path, config) as gateway:
+        messages = [{"role": "system", "content": text(11, 80)}, {"role": "user", "content": text(12, 12)}]
+        first, _ = chat(messages, gateway)
+        messages += [first["choices"][0]["message"], {"role": "user", "content": text(13, 10)}]
+        _, headers = chat(messages, gateway)
+    assert headers["x-kvgate-route-reason"] == "prefix-hit"
+    home = processes[int(headers["x-kvgate-backend"].removeprefix("e"))]
+    deadline = time.monotonic() + (5.0 if infer else 0.5)
+    while not retained_free_blocks(home) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (retained_free_blocks(home) > 0) is infer
+
+
+def retained_free_blocks(engine: ManagedProcess) -> int:
+    reply = http("GET", f"{engine.url}/stats")
+    assert reply.status == 200, reply.body
+    return reply.json()["retained_free_blocks"]
+
+
 def test_precise_mode_predicts_engine_reported_cached_tokens(
     precise_gateway: ManagedProcess, engines: tuple[list[ManagedProcess], list[str]]
 ) -> None:
