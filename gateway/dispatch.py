@@ -137,7 +137,13 @@ class Dispatcher:
                 forwarding.progress.queued_s = queued_s
             decision = placement.decision
             if attempt:
-                decision = RouteDecision(decision.backend, "retry", decision.predicted_cached_tokens, decision.ranked)
+                decision = RouteDecision(
+                    decision.backend,
+                    "retry",
+                    decision.predicted_cached_tokens,
+                    decision.ranked,
+                    retention_key=decision.retention_key,
+                )
             try:
                 response, outcome = await self._forward(request, placement, decision, forwarding)
             except UpstreamFailed as exc:

@@ -143,6 +143,7 @@ def _served_record(
         cached_tokens=cached_tokens(usage),
         completion_tokens=completion_tokens,
         over_cap_tokens=max(over_cap, 0),
+        retention="client" if route_request.session_key else "inferred" if decision.retention_key else None,
         ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
         e2e_s=time.perf_counter() - started,
     )

@@ -23,6 +23,9 @@ class RequestRecord:
     cached_tokens: int | None = None
     """Engine-reported `usage.prompt_tokens_details.cached_tokens`; None when the engine gave none."""
     completion_tokens: int | None = None
+    retention: str | None = None
+    """Whose session key named the request for retention hints: ``client``, ``inferred`` (the
+    router's, for a follow-up turn: gateway/routing/retention_keys.py) or None."""
     over_cap_tokens: int = 0
     """Completion tokens past the granted cap (all samples): a backend that ignored max_tokens in an
     answer the gateway could not cut (not streamed). Charged to the tenant all the same."""
@@ -61,6 +64,7 @@ class RequestRecord:
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "over_cap_tokens": self.over_cap_tokens,
+            "retention": self.retention,
             "queued_s": round(self.queued_s, 4),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
             "e2e_s": round(self.e2e_s, 4),

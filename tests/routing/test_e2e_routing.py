@@ -6,6 +6,7 @@ cached tokens equal the engine-reported ones for every request of a sequential r
 eviction in play (the engines' caches are small).
 """
 
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -135,12 +136,24 @@ def test_a_follow_up_without_a_session_key_is_retained_by_its_engine(
         first, _ = chat(messages, gateway)
         messages += [first["choices"][0]["message"], {"role": "user", "content": text(13, 10)}]
         _, headers = chat(messages, gateway)
+        logged = request_log(gateway, lines=2)
     assert headers["x-kvgate-route-reason"] == "prefix-hit"
+    assert [line["retention"] for line in logged] == [None, "inferred" if infer else None]
     home = processes[int(headers["x-kvgate-backend"].removeprefix("e"))]
     deadline = time.monotonic() + (5.0 if infer else 0.5)
     while not retained_free_blocks(home) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (retained_free_blocks(home) > 0) is infer
+
+
+def request_log(gateway: ManagedProcess, lines: int) -> list[dict[str, Any]]:
+    """The gateway's request log, once it has ``lines`` lines (each is written as its request ends)."""
+    deadline = time.monotonic() + 5
+    while True:
+        logged = [json.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
+        if len(logged) >= lines or time.monotonic() > deadline:
+            return logged
+        time.sleep(0.05)
 
 
 def retained_free_blocks(engine: ManagedProcess) -> int:
