@@ -34,6 +34,7 @@ from engine.sim_runner import SimCosts
 from gateway.admission.kv_blocks import blocks_needed, fits
 from gateway.routing.config import RoutingConfig
 from gateway.routing.late_binding import HoldLine
+from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.routing.types import Hold, ReplicaState, RouteDecision, RouteRequest
 from radix.hashing import block_hashes
@@ -400,9 +401,7 @@ class VirtualFleet:
             self._schedule(now, self._pump_admission)
             self._schedule(now, lambda: self._release_held(name))
 
-        session = (
-            (route.session_key or decision.retention_key) if self.router is not None and self.fleet.retention else None
-        )
+        session = retention_hint(route, decision) if self.router is not None and self.fleet.retention else None
         backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session)
         self._start_step(backend.replica)
 

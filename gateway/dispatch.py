@@ -29,6 +29,7 @@ from gateway.backends.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, f
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.errors import service_unavailable
+from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import Router
 from gateway.routing.types import Hold, RouteDecision, RouteRequest
 from protocol.tracing import span
@@ -211,7 +212,7 @@ class Dispatcher:
                 call = ProxyCall(
                     client=self.upstream,
                     url=f"{backend.spec.url}{forwarding.path}",
-                    body=with_retention_hint(forwarding.body, request.session_key or decision.retention_key)
+                    body=with_retention_hint(forwarding.body, retention_hint(request, decision))
                     if backend.takes_retention_hints
                     else forwarding.body,
                     stream=forwarding.stream,

@@ -14,18 +14,20 @@ instead of pinning it too.
 
 from collections.abc import Callable
 
+from gateway.routing.types import RouteDecision, RouteRequest
 from radix.hashing import BlockHash
 
 KEY_PREFIX = "prefix:"
 """Marks an inferred key in ``kvgate_session``; client keys are sent as they came."""
 
 
-def conversation_key(
+def first_private_block(
     hashes: list[BlockHash],
     matched_blocks: list[int],
     is_branch_point: Callable[[BlockHash], bool],
-) -> str | None:
-    """The key of the conversation a prompt continues, or None when its match is all shared.
+) -> int | None:
+    """The index of the block that names the conversation a prompt continues, or None when its
+    match is all shared.
 
     ``matched_blocks``: the leading blocks of ``hashes`` each candidate replica holds.
     ``is_branch_point``: whether more than one recent request's match ended on a block."""
@@ -35,6 +37,15 @@ def conversation_key(
         if is_branch_point(hashes[index]):
             first_private = index + 1
             break
-    if first_private >= owned:
-        return None
-    return f"{KEY_PREFIX}{hashes[first_private]:016x}"
+    return first_private if first_private < owned else None
+
+
+def conversation_key(block_hash: BlockHash) -> str:
+    """The retention key of the conversation named by ``block_hash``."""
+    return f"{KEY_PREFIX}{block_hash:016x}"
+
+
+def retention_hint(request: RouteRequest, decision: RouteDecision) -> str | None:
+    """The session key a bundled engine retains the request's turn under: the client's, else the
+    one the router inferred (it infers none when the client sent one)."""
+    return request.session_key or decision.retention_key

@@ -7,6 +7,7 @@ cache model and the calibration of its predictions current.
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
-from gateway.routing.retention_keys import conversation_key
+from gateway.routing.retention_keys import conversation_key, first_private_block
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 from radix.prefix_index import PrefixMatch
 
@@ -74,6 +75,10 @@ class Router:
         """Per deepest cached block hash: the requests routed with their match ending there."""
         self._match_ends: DecayingCounts[int] = DecayingCounts(BRANCH_WINDOW_S, MAX_COUNTED_PREFIXES)
         """The same, fading over minutes: where conversations part, for inferred retention keys."""
+        self._conversation_keys: OrderedDict[int, str] = OrderedDict()
+        """Inferred retention keys by the last block of the prompt that got them: the block the
+        conversation's next turn ends its match on, so a conversation is named once, not by a scan
+        of its whole history every turn."""
         self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_REPLICAS)
         """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
         self.calibration = Calibration()
@@ -123,10 +128,28 @@ class Router:
         retention_key = None
         if self.config.infer_retention_keys and reason == "prefix-hit" and not shared and request.session_key is None:
             held = [matched.get(replica.name, 0) for replica in candidates]
-            retention_key = conversation_key(
-                request.block_hashes, held, lambda block: self._is_branch_point(block, now)
-            )
+            retention_key = self._retention_key(request.block_hashes, held, match_end, now)
         return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
+
+    def _retention_key(self, hashes: list[int], held: list[int], match_end: int | None, now: float) -> str | None:
+        """The conversation's key: the one its previous turn got, else the first private block's.
+
+        A key named by its first block (nothing common, no branch point seen yet: the first
+        conversations on a new system prompt) is not remembered, so a later turn can still find the
+        branch point once another conversation has parted there."""
+        key = self._conversation_keys.get(match_end) if match_end is not None else None
+        if key is None:
+            index = first_private_block(hashes, held, lambda block: self._is_branch_point(block, now))
+            if index is None:
+                return None
+            key = conversation_key(hashes[index])
+            if not index:
+                return key
+        self._conversation_keys[hashes[-1]] = key
+        self._conversation_keys.move_to_end(hashes[-1])
+        if len(self._conversation_keys) > MAX_COUNTED_PREFIXES:
+            self._conversation_keys.popitem(last=False)
+        return key
 
     def _is_branch_point(self, block_hash: int, now: float) -> bool:
         """More than one recent request's cached match ended on this block: conversations part here."""

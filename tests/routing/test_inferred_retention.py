@@ -4,7 +4,7 @@ conversation's latest turn past one-shot prompts."""
 
 import pytest
 
-from gateway.routing.retention_keys import KEY_PREFIX, conversation_key
+from gateway.routing.retention_keys import KEY_PREFIX, conversation_key, first_private_block
 from gateway.routing.router import Router
 from gateway.routing.types import RouteRequest
 from radix.hashing import block_hashes
@@ -18,6 +18,10 @@ SYSTEM = list(range(64))
 
 def key_of(hash_: int) -> str:
     return f"{KEY_PREFIX}{hash_:016x}"
+
+
+def test_a_key_is_its_block_s_hash_marked_as_inferred() -> None:
+    assert conversation_key(0x1F) == "prefix:000000000000001f" == key_of(0x1F)
 
 
 def turn(conversation: int, turns: int, request_id: str, session_key: str | None = None) -> RouteRequest:
@@ -39,18 +43,18 @@ def converse(r: Router, conversation: int, turns: int) -> list[str | None]:
 
 
 def test_the_key_is_the_first_block_past_what_every_candidate_holds() -> None:
-    assert conversation_key(HASHES, [6, 2, 2], lambda _: False) == key_of(102)
-    assert conversation_key(HASHES, [6, 0, 2], lambda _: False) == key_of(100)
+    assert first_private_block(HASHES, [6, 2, 2], lambda _: False) == 2
+    assert first_private_block(HASHES, [6, 0, 2], lambda _: False) == 0
 
 
 def test_the_key_starts_past_the_deepest_branch_point() -> None:
-    assert conversation_key(HASHES, [6, 0, 0], lambda block: block in (101, 103)) == key_of(104)
+    assert first_private_block(HASHES, [6, 0, 0], lambda block: block in (101, 103)) == 4
 
 
 def test_a_match_all_shared_or_held_everywhere_has_no_key() -> None:
-    assert conversation_key(HASHES, [3, 3, 3], lambda _: False) is None
-    assert conversation_key(HASHES, [4, 0, 0], lambda block: block == 103) is None
-    assert conversation_key(HASHES, [0, 0, 0], lambda _: False) is None
+    assert first_private_block(HASHES, [3, 3, 3], lambda _: False) is None
+    assert first_private_block(HASHES, [4, 0, 0], lambda block: block == 103) is None
+    assert first_private_block(HASHES, [0, 0, 0], lambda _: False) is None
 
 
 def test_every_follow_up_of_a_conversation_carries_one_key_and_conversations_differ() -> None:
@@ -93,3 +97,17 @@ def test_a_load_spill_carries_no_key() -> None:
     busy = [state(name, in_flight=4, prefill_tokens=20_000) if name == owner else state(name) for name in "abc"]
     decision = r.route(turn(1, 2, "spilled"), busy)
     assert decision.reason == "load-spill" and decision.retention_key is None
+
+
+
+def test_a_regenerated_turn_does_not_rename_the_conversation() -> None:
+    """Sending turn 2 again (a regenerated answer) ends two more matches on turn 2's last block and
+    makes it a branch point; turn 3 still gets the key turn 2 got, remembered by that block."""
+    r = router()
+    for other in (7, 8, 9):
+        converse(r, other, 1)
+    key = converse(r, 1, 2)[1]
+    for attempt in range(2):
+        again = turn(1, 2, f"regenerated-{attempt}")
+        r.on_routed(again, r.route(again, IDLE).backend)
+    assert key is not None and r.route(turn(1, 3, "turn-3"), IDLE).retention_key == key
