@@ -99,7 +99,6 @@ def test_a_load_spill_carries_no_key() -> None:
     assert decision.reason == "load-spill" and decision.retention_key is None
 
 
-
 def test_a_regenerated_turn_does_not_rename_the_conversation() -> None:
     """Sending turn 2 again (a regenerated answer) ends two more matches on turn 2's last block and
     makes it a branch point; turn 3 still gets the key turn 2 got, remembered by that block."""
