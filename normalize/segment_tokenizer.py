@@ -32,6 +32,7 @@ import xxhash
 from normalize.byte_level_words import ByteLevelWords
 from normalize.byte_lru import ByteLRU
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
+from normalize.dropped_bytes import dropped_bytes
 
 OFFLOAD_CHARS = 2000
 """Uncached text longer than this is tokenized on a worker thread by ``encode_*_async``."""
@@ -104,6 +105,10 @@ class SegmentTokenizer:
         self._words = ByteLevelWords.for_tokenizer(self.chat.tokenizer, added_tokens_split=all_split)
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
+        self._dropped_bytes = dropped_bytes(self.chat.tokenizer)
+        """Bytes the tokenizer drops without a token (normalize/dropped_bytes.py): they count for none."""
+        self._dropped_chars = tuple(chr(value) for value in self._dropped_bytes if value < 0x80)
+        """The ASCII ones: no other character is dropped whole."""
         self.verbatim_roles = self._verbatim_roles()
         """Roles whose message content the chat template copies into the prompt unchanged."""
 
@@ -144,22 +149,28 @@ class SegmentTokenizer:
         normalizer = self.chat.tokenizer.normalizer
         if normalizer is not None:
             text = normalizer.normalize_str(text)
-        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if self._dropped_bytes:
+            size = len(text.encode("utf-8", "surrogatepass").translate(None, self._dropped_bytes))
+        else:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         return math.ceil(size / self.longest_token_bytes)
 
     def min_chat_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
         """A lower bound on the tokens of the rendered chat, from the content of the messages whose
         role the template copies verbatim, before anything is rendered: a content's characters
-        are no more than its bytes in the prompt."""
+        are no more than its bytes in the prompt, less those the tokenizer drops whole."""
         chars = 0
         for message in messages:
             if message.get("role") in self.verbatim_roles:
                 content = message.get("content")
                 if isinstance(content, str):
-                    chars += len(content)
+                    chars += self._kept_chars(content)
                 elif isinstance(content, list):
-                    chars += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+                    chars += sum(self._kept_chars(part.get("text") or "") for part in content if isinstance(part, dict))
         return math.ceil(chars / self.longest_token_bytes)
+
+    def _kept_chars(self, text: str) -> int:
+        return len(text) - sum(map(text.count, self._dropped_chars))
 
     def _splittable_special_tokens(self) -> dict[str, int]:
         """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the

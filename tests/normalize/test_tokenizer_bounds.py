@@ -89,3 +89,15 @@ def test_a_template_that_drops_a_roles_content_leaves_that_role_out(
     tokenizer = SegmentTokenizer(tokenizer_copy(template=template))
     assert tokenizer.verbatim_roles == {"developer", "user"}
     assert tokenizer.min_chat_tokens([{"role": "system", "content": "x" * 10_000}]) == 0
+
+
+def test_characters_the_tokenizer_drops_count_for_no_token(chat_tokenizer: ChatTokenizer) -> None:
+    """SmolLM2's vocabulary has no entry for six ASCII control characters: they encode to nothing."""
+    tokenizer = SegmentTokenizer(chat_tokenizer)
+    dropped = "\x04\x06\x13\x14\x16\x1d"
+    assert chat_tokenizer.encode_text(dropped * 50) == []
+    assert tokenizer.min_tokens(dropped * 50) == 0
+    assert "user" in tokenizer.verbatim_roles
+    assert tokenizer.min_chat_tokens([{"role": "user", "content": dropped * 50}]) == 0
+    assert tokenizer.min_chat_tokens([{"role": "user", "content": "x" * 9000}]) > 0
+    assert tokenizer.min_tokens("a" + dropped) == 1
