@@ -35,6 +35,11 @@ class RouteContext:
     (``RoutingConfig.shared_prefix_requests``): a prefix worth copying, not a private one."""
     churn: dict[str, float] = field(default_factory=dict)
     """New blocks recently sent to each replica: how fast its cache turns over."""
+    overflow_tokens: dict[str, int] = field(default_factory=dict)
+    """Per replica, for a request with a session key: the prompt tokens its active sessions'
+    footprints would exceed its KV capacity by with this request's new blocks added (absent: none)."""
+    active_sessions: dict[str, int] = field(default_factory=dict)
+    """Per replica, for a request with a session key: the active sessions it serves."""
     best_cached: int = field(init=False)
     """The most cached tokens any eligible replica has."""
     shared_cached: int = field(init=False)
@@ -91,6 +96,11 @@ class RouteContext:
         """Prefill this replica would spend on prompt tokens an owner has cached and it has not:
         the work a move off the owner throws away."""
         return (self.useful_best_cached - self.useful_cached(replica.name)) / self.prefill_rate(replica)
+
+    def overflow_s(self, replica: ReplicaState) -> float:
+        """The prefill a session request sent here would later cost in evicted session blocks:
+        each block past the replica's capacity is recomputed by some conversation's next turn."""
+        return self.overflow_tokens.get(replica.name, 0) / self.prefill_rate(replica)
 
     def estimated_ttft_s(self, replica: ReplicaState) -> float:
         uncached = self.request.prompt_tokens - self.useful_cached(replica.name)

@@ -52,8 +52,9 @@ class Policy:
 
     def rank(self, ctx: RouteContext) -> list[str]:
         """Eligible replicas best first: highest weighted score, then more of the prompt cached,
-        then the cache that turns over slowest, then the emptier cache (new prefixes spread out),
-        then name."""
+        then fewer active sessions (a session request: conversations spread before their histories
+        grow), then the cache that turns over slowest, then the emptier cache (new prefixes spread
+        out), then name."""
         totals = [0.0] * len(ctx.replicas)
         for scorer, weight in self.scorers:
             if weight:
@@ -63,6 +64,7 @@ class Policy:
             key=lambda i: (
                 -round(totals[i], 9),
                 -ctx.distinct_cached(ctx.replicas[i].name),
+                ctx.active_sessions.get(ctx.replicas[i].name, 0),
                 ctx.churn.get(ctx.replicas[i].name, 0.0),
                 ctx.indexed_blocks.get(ctx.replicas[i].name, 0),
                 ctx.replicas[i].name,

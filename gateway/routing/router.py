@@ -21,6 +21,7 @@ from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
 from gateway.routing.retention_keys import conversation_key, first_private_block
+from gateway.routing.session_footprint import SessionFootprints
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 from radix.prefix_index import PrefixMatch
 
@@ -81,10 +82,11 @@ class Router:
         of its whole history every turn."""
         self._new_blocks: DecayingCounts[str] = DecayingCounts(config.churn_window_s, MAX_COUNTED_REPLICAS)
         """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
+        self._footprints = SessionFootprints(config.session_ttl_s)
         self.calibration = Calibration()
         self._rings: dict[str, HashRing] = {}
         self._replicas = list(replicas)
-        self._names = {spec.name for spec in replicas}
+        self._specs = {spec.name: spec for spec in replicas}
         self.policy: Policy = build_policy(config, self._ring_for_model)
         self._pending: dict[str, _Pending] = {}
 
@@ -109,14 +111,20 @@ class Router:
         }
         priced = self.tracker.priced_cached(request.block_hashes, matched, cached)
         index = self.tracker.index
-        indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._names}
+        indexed = {replica.name: index.blocks(replica.name) for replica in candidates if replica.name in self._specs}
         now = self._clock()
         match_end = _match_end(request.block_hashes, matched)
         shared = match_end is not None and (
             self._prefix_requests.value(match_end, now) >= self.config.shared_prefix_requests
         )
         churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
-        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn)
+        overflow = self._session_overflow(request, candidates, matched, now)
+        sessions = (
+            {replica.name: self._footprints.sessions(replica.name, now) for replica in candidates}
+            if request.session_key is not None and self.config.session_footprints
+            else {}
+        )
+        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions)
         ranked = self.policy.rank(ctx)
         self._remember(request.request_id, _Pending(matched, cached, found))
         chosen = ranked[0]
@@ -151,12 +159,33 @@ class Router:
             self._conversation_keys.popitem(last=False)
         return key
 
+    def _session_overflow(
+        self, request: RouteRequest, candidates: list[ReplicaState], matched: dict[str, int], now: float
+    ) -> dict[str, int]:
+        """Per candidate of known capacity: the prompt tokens by which its active sessions' footprints
+        plus this request's new blocks would exceed its KV capacity (requests with a session key)."""
+        if request.session_key is None or not self.config.session_footprints:
+            return {}
+        overflow = {}
+        for replica in candidates:
+            capacity = self._capacity(replica.name)
+            if capacity is not None:
+                new_blocks = len(request.block_hashes) - matched.get(replica.name, 0)
+                excess = self._footprints.blocks(replica.name, now) + new_blocks - capacity
+                overflow[replica.name] = max(excess, 0) * self.block_size
+        return overflow
+
+    def _capacity(self, name: str) -> int | None:
+        spec = self._specs.get(name)
+        capacity = spec.capacity_blocks if spec is not None else None
+        return capacity or self.config.default_capacity_blocks
+
     def _is_branch_point(self, block_hash: int, now: float) -> bool:
         """More than one recent request's cached match ended on this block: conversations part here."""
         return self._match_ends.value(block_hash, now) >= BRANCH_REQUESTS
 
     def on_routed(self, request: RouteRequest, backend: str) -> None:
-        if backend not in self._names:
+        if backend not in self._specs:
             return
         pending = self._pending.get(request.request_id)
         if pending is not None:
@@ -165,12 +194,15 @@ class Router:
             if match_end is not None:
                 self._prefix_requests.add(match_end, 1.0, now)
                 self._match_ends.add(match_end, 1.0, now)
-            self._new_blocks.add(backend, len(request.block_hashes) - pending.matched_blocks.get(backend, 0), now)
+            new_blocks = len(request.block_hashes) - pending.matched_blocks.get(backend, 0)
+            self._new_blocks.add(backend, new_blocks, now)
+            if request.session_key is not None:
+                self._footprints.add(backend, request.session_key, new_blocks, now)
         self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 
     def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:
         pending = self._pending.pop(request.request_id, None)
-        if pending is None or backend not in self._names:
+        if pending is None or backend not in self._specs:
             return
         if not ok:
             self.tracker.record_failed(request.block_hashes, backend, pending.matched_blocks.get(backend, 0))
@@ -187,8 +219,11 @@ class Router:
         self.config = config
         self._prefix_requests.time_constant_s = config.shared_prefix_window_s
         self._new_blocks.time_constant_s = config.churn_window_s
+        self._footprints.ttl_s = config.session_ttl_s
+        for name in self._specs.keys() - {spec.name for spec in replicas}:
+            self._footprints.remove_replica(name)
         self._replicas = list(replicas)
-        self._names = {spec.name for spec in replicas}
+        self._specs = {spec.name: spec for spec in replicas}
         self.tracker.update(config, replicas)
 
     @property

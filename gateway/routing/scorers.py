@@ -49,10 +49,13 @@ class EstimatedTTFT:
       duplicates it in a second cache, which pays only when the owner truly cannot keep up. When
       every replica breaks the target (overload), another replica wins only if it is faster by
       more than the target.
+    - A request with a session key also pays, on a replica whose active sessions' footprints
+      already fill its KV cache, the recompute its own new blocks would force there
+      (``RouteContext.overflow_s``), so conversations spread before caches thrash.
     """
 
     def score(self, ctx: RouteContext) -> list[float]:
-        estimates = [ctx.estimated_ttft_s(replica) for replica in ctx.replicas]
+        estimates = [ctx.estimated_ttft_s(replica) + ctx.overflow_s(replica) for replica in ctx.replicas]
         if not ctx.has_useful_match:
             return _near_fastest(estimates, ctx.config.placement_slack_s)
         if ctx.shared_prefix:

@@ -1,0 +1,58 @@
+"""Session footprints: the KV blocks that each replica's active sessions have made it cache.
+
+A conversation's turns resend its whole history, so its footprint at a replica only grows: each
+turn adds the blocks the replica did not hold. A replica whose active sessions' footprints exceed
+its KV capacity cannot keep them all, and every block it evicts is recomputed by the session's
+next turn. The router charges a session request that recompute where its footprint would overflow
+(gateway/routing/context.py, ``RouteContext.overflow_s``), which is how new conversations spread to
+replicas with room before their caches thrash, not after.
+
+A session is active while its last turn is younger than ``ttl_s``: the bundled engine retains an
+active session's latest turn for the same time (``--session-ttl-s``), so the two agree on which
+sessions still hold blocks. Each gateway counts the sessions it routed.
+"""
+
+from collections import OrderedDict
+
+MAX_SESSIONS = 65536
+"""Sessions counted per replica; past this, the least recently seen are forgotten."""
+
+
+class SessionFootprints:
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._sessions: dict[str, OrderedDict[str, tuple[float, int]]] = {}
+        """Per replica: session -> (last seen, blocks its turns added there), least recently seen first."""
+        self._totals: dict[str, int] = {}
+
+    def blocks(self, replica: str, now: float) -> int:
+        """Blocks that the replica's active sessions have added to its cache."""
+        self._expire(replica, now)
+        return self._totals.get(replica, 0)
+
+    def sessions(self, replica: str, now: float) -> int:
+        """Active sessions whose turns went to the replica."""
+        self._expire(replica, now)
+        return len(self._sessions.get(replica, ()))
+
+    def add(self, replica: str, session: str, new_blocks: int, now: float) -> None:
+        """A turn of ``session`` was sent to ``replica``, which lacked ``new_blocks`` of its prompt."""
+        sessions = self._sessions.setdefault(replica, OrderedDict())
+        _, blocks = sessions.pop(session, (now, 0))
+        sessions[session] = (now, blocks + new_blocks)
+        self._totals[replica] = self._totals.get(replica, 0) + new_blocks
+        if len(sessions) > MAX_SESSIONS:
+            self._forget(replica, sessions)
+
+    def remove_replica(self, replica: str) -> None:
+        self._sessions.pop(replica, None)
+        self._totals.pop(replica, None)
+
+    def _expire(self, replica: str, now: float) -> None:
+        sessions = self._sessions.get(replica)
+        while sessions and now - next(iter(sessions.values()))[0] >= self.ttl_s:
+            self._forget(replica, sessions)
+
+    def _forget(self, replica: str, sessions: OrderedDict[str, tuple[float, int]]) -> None:
+        _, (_, blocks) = sessions.popitem(last=False)
+        self._totals[replica] -= blocks

@@ -1,0 +1,78 @@
+"""Session footprints end to end: simulated engines with small caches, a gateway, real processes.
+
+Conversations (each its own ``user``) share a system prompt that the first one puts on one replica.
+With footprints on, once their turns have filled that replica's cache, new conversations start on
+the other replica instead, paying for the system prompt once there; with them off, or without a
+session key, every conversation stays with the system prompt.
+"""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.gateway_cluster import gateway_config, gateway_for, running
+from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.routing.test_e2e_routing import MODEL, text
+
+NUM_BLOCKS = 32
+"""512 tokens per replica: the system prompt and a handful of conversations' first turns."""
+ENGINE = (
+    *("--sim", "--sim-preset", "instant", "--sim-prefill-per-token-s", "0.001"),
+    *("--num-blocks", str(NUM_BLOCKS), "--max-model-len", "512"),
+)
+"""Prefill at 1,000 tokens/s, so that the system prompt a replica lacks costs a tenth of a second."""
+CONVERSATIONS = 8
+SETTLE_S = 0.2
+"""Pause between conversations: the gateway polls the replicas' load every 50 ms, so each routing
+decision sees idle replicas rather than a report taken while the previous turn ran."""
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ManagedProcess]]:
+    tmp_path = tmp_path_factory.mktemp("footprint-engines")
+    processes = [start_engine(tmp_path, *ENGINE, name=f"engine{index}") for index in range(2)]
+    with running(processes):
+        yield processes
+
+
+def open_conversations(engines: list[ManagedProcess], tmp_path: Path, footprints: bool, keyed: bool) -> list[str]:
+    """Each conversation's first turn, one after another; the replica each went to."""
+    for engine in engines:
+        assert http("POST", f"{engine.url}/reset_prefix_cache", b"").status == 200
+    routing = {"policy": "cache_aware", "shared_prefix_requests": 1.0, "session_footprints": footprints}
+    config = gateway_config(free_port(), engines, routing=routing)
+    config["health"] = {"interval_s": 0.05}
+    for backend in config["backends"]:
+        backend["kv_capacity_blocks"] = NUM_BLOCKS
+    system = text(500, 120)
+    backends = []
+    with gateway_for(tmp_path, config) as gateway:
+        for number in range(CONVERSATIONS):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": text(number, 150)}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
+            if keyed:
+                body["user"] = f"user-{number}"
+            reply = http("POST", f"{gateway.url}/v1/chat/completions", body)
+            assert reply.status == 200, reply.body
+            backends.append(reply.headers["x-kvgate-backend"])
+            time.sleep(SETTLE_S)
+    return backends
+
+
+def test_new_conversations_start_elsewhere_once_the_system_prompt_s_replica_is_full(
+    engines: list[ManagedProcess], tmp_path: Path
+) -> None:
+    backends = open_conversations(engines, tmp_path, footprints=True, keyed=True)
+    holder = backends[0]
+    assert backends[:3] == [holder] * 3, "the first conversations fit with the system prompt"
+    assert len(set(backends)) == 2, f"later ones spread once the holder's cache is full: {backends}"
+
+
+@pytest.mark.parametrize(("footprints", "keyed"), [(False, True), (True, False)], ids=["turned-off", "no-session-key"])
+def test_without_footprints_every_conversation_stays_with_the_system_prompt(
+    engines: list[ManagedProcess], tmp_path: Path, footprints: bool, keyed: bool
+) -> None:
+    backends = open_conversations(engines, tmp_path, footprints, keyed)
+    assert backends == [backends[0]] * CONVERSATIONS
