@@ -92,6 +92,14 @@ class LiveStateCollector(Collector):
             blocks.add_metric([name, "speculative"], replica.speculative_blocks)
         yield blocks
         yield from _kv_events(index.kv_events)
+        sessions = _gauge("kvgate_active_sessions", "Active sessions (client keys) routed to a backend.", "backend")
+        footprint = _gauge(
+            "kvgate_session_footprint_blocks", "KV blocks the active sessions' turns added on a backend.", "backend"
+        )
+        for name, replica_sessions in stats.sessions.items():
+            sessions.add_metric([name], replica_sessions.sessions)
+            footprint.add_metric([name], replica_sessions.blocks)
+        yield from (sessions, footprint)
         yield GaugeMetricFamily(
             "kvgate_prediction_exact_ratio",
             "Share of requests whose predicted cached tokens equal the reported ones.",

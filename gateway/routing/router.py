@@ -21,7 +21,7 @@ from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec
 from gateway.routing.retention_keys import conversation_key, first_private_block
-from gateway.routing.session_footprint import SessionFootprints
+from gateway.routing.session_footprint import FootprintStats, SessionFootprints
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 from radix.prefix_index import PrefixMatch
 
@@ -57,6 +57,8 @@ class RouterStats:
     policy: str
     index: IndexStats
     calibration: CalibrationStats
+    sessions: dict[str, FootprintStats]
+    """Per replica: the active sessions with a client key routed there, and their footprints."""
 
 
 class Router:
@@ -231,7 +233,8 @@ class Router:
         return list(self._replicas)
 
     def stats(self) -> RouterStats:
-        return RouterStats(self.policy.name, self.tracker.stats(), self.calibration.summary())
+        footprints = self._footprints.stats(self._clock())
+        return RouterStats(self.policy.name, self.tracker.stats(), self.calibration.summary(), footprints)
 
     def _ring_for_model(self, model: str) -> HashRing:
         ring = self._rings.get(model)

@@ -13,9 +13,18 @@ sessions still hold blocks. Each gateway counts the sessions it routed.
 """
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 MAX_SESSIONS = 65536
 """Sessions counted per replica; past this, the least recently seen are forgotten."""
+
+
+@dataclass(frozen=True)
+class FootprintStats:
+    """One replica's active sessions and the blocks their turns added there (metrics, dashboard)."""
+
+    sessions: int
+    blocks: int
 
 
 class SessionFootprints:
@@ -43,6 +52,12 @@ class SessionFootprints:
         self._totals[replica] = self._totals.get(replica, 0) + new_blocks
         if len(sessions) > MAX_SESSIONS:
             self._forget(replica, sessions)
+
+    def stats(self, now: float) -> dict[str, FootprintStats]:
+        return {
+            replica: FootprintStats(self.sessions(replica, now), self.blocks(replica, now))
+            for replica in self._sessions
+        }
 
     def remove_replica(self, replica: str) -> None:
         self._sessions.pop(replica, None)

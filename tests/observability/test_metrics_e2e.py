@@ -49,19 +49,26 @@ def total(values: dict, name: str, **labels: str) -> float:
 
 
 def send_traffic(url: str) -> list[dict]:
-    """Six chat requests sharing a system prompt, every other one streamed; their usage, as answered."""
+    """Six chat requests sharing a system prompt, every other one streamed, the last one of a session
+    (``user``); their usage, as answered."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=TENANT_KEY, max_retries=0)
     usages = []
     for turn in range(6):
         question = {"role": "user", "content": f"Question {turn}: a tyre size?"}
         messages = [{"role": "system", "content": SYSTEM}, question]
+        session = {"user": "rider-7"} if turn == 5 else {}
         if turn % 2:
             chunks = client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}
+                model=MODEL,
+                messages=messages,
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
+                **session,
             )
             usage = [chunk.usage for chunk in chunks if chunk.usage][-1]
         else:
-            usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6).usage
+            usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, **session).usage
         usages.append(usage.model_dump())
     return usages
 
@@ -85,6 +92,8 @@ def test_counters_add_up_to_the_responses(served: Deployment, usages: list[dict]
     assert total(values, "kvgate_backend_healthy") == len(served.engines)
     assert total(values, "kvgate_backend_circuit_state", state="closed") == len(served.engines)
     assert total(values, "kvgate_backend_in_flight") == 0
+    assert total(values, "kvgate_active_sessions") == 1
+    assert len(values["kvgate_session_footprint_blocks"]) == len(values["kvgate_active_sessions"]) >= 1
 
     stats = http("GET", f"{served.url}/dashboard/stats.json", headers=ADMIN).json()
     assert stats["totals"]["cached_tokens"] == cached
