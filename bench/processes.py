@@ -1,6 +1,7 @@
 """Child processes of a benchmark (replicas, gateways, peer routers): start, wait until ready, stop."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,10 +15,42 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback TCP port that is free now, below the kernel's ephemeral range, and not handed out
+    before by this process. A port from ``bind(0)`` lies in that range, where the local end of every
+    outgoing connection comes from: during the seconds a child process takes to bind it, one of the
+    hundreds of connections a benchmark opens could take it ("Address already in use")."""
+    ceiling = _ephemeral_floor()
+    for _ in range(1000 if ceiling > LOWEST_PORT else 0):
+        port = random.randrange(LOWEST_PORT, ceiling)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port of the kernel's ephemeral range (IANA's 49152 where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def module_command(module: str, *args: str) -> list[str]:

@@ -1,0 +1,36 @@
+"""Ports for child processes come from below the kernel's ephemeral range, where no outgoing
+connection can take them before the child binds them, and never twice."""
+
+import socket
+
+import pytest
+
+from bench import processes
+from bench.processes import free_port
+
+
+def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:
+    floor = int(processes.EPHEMERAL_PORTS.read_text().split()[0])
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(processes.LOWEST_PORT <= port < floor for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[-1]))
+
+
+def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        choices = iter([port, port, port + 1 if port + 1 < 65536 else port - 1])
+        monkeypatch.setattr(processes, "LOWEST_PORT", 1024)
+        monkeypatch.setattr(processes, "_ephemeral_floor", lambda: 65536)
+        monkeypatch.setattr(processes.random, "randrange", lambda low, high: next(choices))
+        assert free_port() != port
+
+
+def test_without_room_below_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes, "_ephemeral_floor", lambda: processes.LOWEST_PORT)
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
