@@ -196,10 +196,10 @@ class Router:
             if match_end is not None:
                 self._prefix_requests.add(match_end, 1.0, now)
                 self._match_ends.add(match_end, 1.0, now)
-            new_blocks = len(request.block_hashes) - pending.matched_blocks.get(backend, 0)
-            self._new_blocks.add(backend, new_blocks, now)
+            held = pending.matched_blocks.get(backend, 0)
+            self._new_blocks.add(backend, len(request.block_hashes) - held, now)
             if request.session_key is not None:
-                self._footprints.add(backend, request.session_key, new_blocks, now)
+                self._footprints.add(backend, request.session_key, len(request.block_hashes), held, now)
         self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
 
     def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:

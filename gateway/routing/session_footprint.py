@@ -1,7 +1,9 @@
 """Session footprints: the KV blocks that each replica's active sessions have made it cache.
 
 A conversation's turns resend its whole history, so its footprint at a replica only grows: each
-turn adds the blocks the replica did not hold. A replica whose active sessions' footprints exceed
+turn adds the blocks the replica did not hold. A turn that does not continue the session's last
+one there (independent questions under one ``user``) replaces it instead, as the bundled engine's
+retention does: only the latest turn is kept. A replica whose active sessions' footprints exceed
 its KV capacity cannot keep them all, and every block it evicts is recomputed by the session's
 next turn. The router charges a session request that recompute where its footprint would overflow
 (gateway/routing/context.py, ``RouteContext.overflow_s``), which is how new conversations spread to
@@ -30,8 +32,9 @@ class FootprintStats:
 class SessionFootprints:
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._sessions: dict[str, OrderedDict[str, tuple[float, int]]] = {}
-        """Per replica: session -> (last seen, blocks its turns added there), least recently seen first."""
+        self._sessions: dict[str, OrderedDict[str, tuple[float, int, int]]] = {}
+        """Per replica: session -> (last seen, blocks its turns added there, blocks of its last prompt),
+        least recently seen first."""
         self._totals: dict[str, int] = {}
 
     def blocks(self, replica: str, now: float) -> int:
@@ -44,12 +47,15 @@ class SessionFootprints:
         self._expire(replica, now)
         return len(self._sessions.get(replica, ()))
 
-    def add(self, replica: str, session: str, new_blocks: int, now: float) -> None:
-        """A turn of ``session`` was sent to ``replica``, which lacked ``new_blocks`` of its prompt."""
+    def add(self, replica: str, session: str, prompt_blocks: int, held_blocks: int, now: float) -> None:
+        """A turn of ``session`` was sent to ``replica``, which held ``held_blocks`` of its prompt's
+        ``prompt_blocks``; the turn continues the session's last one there if it held all of that."""
         sessions = self._sessions.setdefault(replica, OrderedDict())
-        _, blocks = sessions.pop(session, (now, 0))
-        sessions[session] = (now, blocks + new_blocks)
-        self._totals[replica] = self._totals.get(replica, 0) + new_blocks
+        _, before, last_prompt = sessions.pop(session, (now, 0, 0))
+        kept = before if held_blocks >= last_prompt else 0
+        blocks = kept + prompt_blocks - held_blocks
+        sessions[session] = (now, blocks, prompt_blocks)
+        self._totals[replica] = self._totals.get(replica, 0) + blocks - before
         if len(sessions) > MAX_SESSIONS:
             self._forget(replica, sessions)
 
@@ -68,6 +74,6 @@ class SessionFootprints:
         while sessions and now - next(iter(sessions.values()))[0] >= self.ttl_s:
             self._forget(replica, sessions)
 
-    def _forget(self, replica: str, sessions: OrderedDict[str, tuple[float, int]]) -> None:
-        _, (_, blocks) = sessions.popitem(last=False)
+    def _forget(self, replica: str, sessions: OrderedDict[str, tuple[float, int, int]]) -> None:
+        _, (_, blocks, _) = sessions.popitem(last=False)
         self._totals[replica] -= blocks

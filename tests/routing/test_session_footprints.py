@@ -98,10 +98,10 @@ def test_footprints_of_sessions_gone_quiet_for_the_ttl_no_longer_count() -> None
 
 def test_footprints_add_up_per_session_and_replica() -> None:
     footprints = SessionFootprints(ttl_s=10.0)
-    footprints.add("a", "s1", 5, now=0.0)
-    footprints.add("a", "s1", 3, now=1.0)
-    footprints.add("a", "s2", 4, now=2.0)
-    footprints.add("b", "s1", 7, now=2.0)
+    footprints.add("a", "s1", prompt_blocks=7, held_blocks=2, now=0.0)
+    footprints.add("a", "s1", prompt_blocks=10, held_blocks=7, now=1.0)
+    footprints.add("a", "s2", prompt_blocks=6, held_blocks=2, now=2.0)
+    footprints.add("b", "s1", prompt_blocks=7, held_blocks=0, now=2.0)
     assert (footprints.blocks("a", 2.0), footprints.blocks("b", 2.0)) == (12, 7)
     assert footprints.blocks("a", 11.5) == 4, "s1 was last seen at 1.0 on a"
     assert footprints.blocks("a", 12.0) == 0
@@ -109,11 +109,21 @@ def test_footprints_add_up_per_session_and_replica() -> None:
     assert footprints.blocks("b", 2.0) == 0
 
 
+def test_a_turn_that_does_not_continue_the_last_replaces_it() -> None:
+    """Independent questions under one ``user``: the engine retains only the latest turn."""
+    footprints = SessionFootprints(ttl_s=10.0)
+    footprints.add("a", "user", prompt_blocks=70, held_blocks=60, now=0.0)
+    footprints.add("a", "user", prompt_blocks=65, held_blocks=60, now=1.0)
+    assert footprints.blocks("a", 1.0) == 5
+    footprints.add("a", "user", prompt_blocks=80, held_blocks=65, now=2.0)
+    assert footprints.blocks("a", 2.0) == 20, "this turn continues the last: its history stays"
+
+
 def test_a_flood_of_sessions_forgets_the_least_recently_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session_footprint, "MAX_SESSIONS", 3)
     footprints = SessionFootprints(ttl_s=100.0)
     for number in range(5):
-        footprints.add("a", f"s{number}", number + 1, now=float(number))
+        footprints.add("a", f"s{number}", prompt_blocks=number + 1, held_blocks=0, now=float(number))
     assert footprints.blocks("a", 5.0) == 3 + 4 + 5
 
 
