@@ -149,10 +149,10 @@ class SegmentTokenizer:
         normalizer = self.chat.tokenizer.normalizer
         if normalizer is not None:
             text = normalizer.normalize_str(text)
-        if self._dropped_bytes:
-            size = len(text.encode("utf-8", "surrogatepass").translate(None, self._dropped_bytes))
+        if text.isascii():
+            size = self._kept_chars(text)
         else:
-            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            size = len(text.encode("utf-8", "surrogatepass").translate(None, self._dropped_bytes))
         return math.ceil(size / self.longest_token_bytes)
 
     def min_chat_tokens(self, messages: Sequence[dict[str, Any]]) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.routing.config import RoutingConfig
-from gateway.routing.replica_spec import ReplicaSpec
+from gateway.routing.replica_spec import ReplicaSpec, known_capacity
 from radix.kv_event_ingest import KVEventApplier
 from radix.kv_event_subscriber import KVEventSubscriber, SubscriberStats
 from radix.prefix_index import PrefixIndex, PrefixMatch
@@ -214,4 +214,4 @@ def _index_capacity(spec: ReplicaSpec, config: RoutingConfig) -> int | None:
     the device capacity, so only ``max_index_blocks`` bounds it."""
     if spec.kv_events is not None:
         return None
-    return spec.capacity_blocks or config.default_capacity_blocks
+    return known_capacity(spec, config.default_capacity_blocks)

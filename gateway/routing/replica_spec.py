@@ -13,3 +13,8 @@ class ReplicaSpec:
     """KV blocks (of the gateway's block size) the replica's cache holds, when known."""
     kv_events_replay: str | None = None
     """ZMQ endpoint of its KV-event replay socket, asked on start and on sequence gaps."""
+
+
+def known_capacity(spec: ReplicaSpec, default_blocks: int | None) -> int | None:
+    """The replica's KV capacity in blocks: its own, else the configured default (None: unknown)."""
+    return spec.capacity_blocks or default_blocks

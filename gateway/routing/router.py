@@ -19,7 +19,7 @@ from gateway.routing.decaying_counts import DecayingCounts
 from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
 from gateway.routing.policies import Policy, build_policy
-from gateway.routing.replica_spec import ReplicaSpec
+from gateway.routing.replica_spec import ReplicaSpec, known_capacity
 from gateway.routing.retention_keys import conversation_key, first_private_block
 from gateway.routing.session_footprint import FootprintStats, SessionFootprints
 from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
@@ -120,12 +120,7 @@ class Router:
             self._prefix_requests.value(match_end, now) >= self.config.shared_prefix_requests
         )
         churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
-        overflow = self._session_overflow(request, candidates, matched, now)
-        sessions = (
-            {replica.name: self._footprints.sessions(replica.name, now) for replica in candidates}
-            if request.session_key is not None and self.config.session_footprints
-            else {}
-        )
+        overflow, sessions = self._session_load(request, candidates, matched, now)
         ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions)
         ranked = self.policy.rank(ctx)
         self._remember(request.request_id, _Pending(matched, cached, found))
@@ -161,26 +156,26 @@ class Router:
             self._conversation_keys.popitem(last=False)
         return key
 
-    def _session_overflow(
+    def _session_load(
         self, request: RouteRequest, candidates: list[ReplicaState], matched: dict[str, int], now: float
-    ) -> dict[str, int]:
-        """Per candidate of known capacity: the prompt tokens by which its active sessions' footprints
-        plus this request's new blocks would exceed its KV capacity (requests with a session key)."""
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """For a request with a session key, per candidate: the prompt tokens by which its active
+        sessions' footprints plus this request's new blocks would exceed its KV capacity (known
+        capacities only), and its active sessions. Empty without a key."""
+        overflow: dict[str, int] = {}
+        sessions: dict[str, int] = {}
         if request.session_key is None or not self.config.session_footprints:
-            return {}
-        overflow = {}
+            return overflow, sessions
         for replica in candidates:
-            capacity = self._capacity(replica.name)
+            name = replica.name
+            sessions[name] = self._footprints.sessions(name, now)
+            spec = self._specs.get(name)
+            capacity = known_capacity(spec, self.config.default_capacity_blocks) if spec is not None else None
             if capacity is not None:
-                new_blocks = len(request.block_hashes) - matched.get(replica.name, 0)
-                excess = self._footprints.blocks(replica.name, now) + new_blocks - capacity
-                overflow[replica.name] = max(excess, 0) * self.block_size
-        return overflow
-
-    def _capacity(self, name: str) -> int | None:
-        spec = self._specs.get(name)
-        capacity = spec.capacity_blocks if spec is not None else None
-        return capacity or self.config.default_capacity_blocks
+                new_blocks = len(request.block_hashes) - matched.get(name, 0)
+                excess = self._footprints.blocks(name, now) + new_blocks - capacity
+                overflow[name] = max(excess, 0) * self.block_size
+        return overflow, sessions
 
     def _is_branch_point(self, block_hash: int, now: float) -> bool:
         """More than one recent request's cached match ended on this block: conversations part here."""
