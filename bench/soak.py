@@ -6,6 +6,11 @@ client sends its next request when the last one ends, a mix of long-system-promp
 (whole and streamed) and fresh token-id completions that churn the replicas' small caches,
 so KV events (stores and evictions) flow all the time. Besides the gateway's own lag metric it
 measures, from the client side, the longest stretch in which no request completed.
+
+``--hostile-clients N`` adds N clients that send only hostile requests (bench/hostile_bodies.py:
+combining-mark runs, megabytes for the volatile-span regex, flat JSON of millions of values,
+hundreds of thousands of keys, logit_bias entries or stop strings, 8 MB of messages), with
+volatile spans switched on; their answers are tallied apart.
 """
 
 import argparse
@@ -23,6 +28,7 @@ import orjson
 import yaml
 
 from bench.contenders import MODEL, Contender, FleetSpec, Replica, kvgate_config
+from bench.hostile_bodies import hostile_bodies
 from bench.overhead import chat_bodies
 from bench.processes import (
     REPO,
@@ -80,6 +86,20 @@ async def client(url: str, chats: list[bytes], until: float, tally: Tally, seed:
             tally.completions.append(time.perf_counter())
 
 
+async def hostile_client(url: str, bodies: list[tuple[str, str, bytes]], until: float, tally: Tally, seed: int) -> None:
+    """Sends hostile bodies back to back; tallies each answer's status by the body's name."""
+    rng = random.Random(seed)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        while time.perf_counter() < until:
+            name, path, body = bodies[rng.randrange(len(bodies))]
+            try:
+                async with session.post(url + path, data=body, headers={"Content-Type": "application/json"}) as reply:
+                    await reply.read()
+                    tally.failed(f"{name}: {reply.status}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                tally.failed(f"{name}: {type(exc).__name__}")
+
+
 def _health_check(url: str) -> Callable[[], bool]:
     return lambda: http_ok(f"{url}/health")
 
@@ -97,11 +117,17 @@ def scrape_lag(url: str) -> tuple[float, dict[str, float]]:
     return (float(worst.group(1)) if worst else float("nan")), {le: float(count) for le, count in buckets.items()}
 
 
-async def soak(url: str, chats: list[bytes], minutes: float, clients: int, events: "Events") -> Tally:
+async def soak(
+    url: str, chats: list[bytes], minutes: float, clients: int, events: "Events", hostile: "Hostile"
+) -> Tally:
     tally = Tally()
     start = time.perf_counter()
     until = start + minutes * 60
     load = [asyncio.create_task(client(url, chats, until, tally, seed)) for seed in range(clients)]
+    load += [
+        asyncio.create_task(hostile_client(url, hostile.bodies, until, hostile.tally, seed))
+        for seed in range(hostile.clients)
+    ]
     await asyncio.sleep(minutes * 60 / 3)
     await asyncio.to_thread(events.reload)
     await asyncio.sleep(minutes * 60 / 6)
@@ -113,6 +139,13 @@ async def soak(url: str, chats: list[bytes], minutes: float, clients: int, event
         print(f"   {elapsed:5.0f}s: {tally.ok} ok, errors {tally.errors}, worst loop lag {worst:.3f}s", flush=True)
     await asyncio.gather(*load)
     return tally
+
+
+@dataclass
+class Hostile:
+    clients: int
+    bodies: list[tuple[str, str, bytes]]
+    tally: Tally = field(default_factory=Tally)
 
 
 @dataclass
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=12, help="concurrent closed-loop clients")
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV blocks per replica (small: evictions)")
+    parser.add_argument("--hostile-clients", type=int, default=0, help="clients sending only hostile requests")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "soak")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         config = kvgate_config(Contender("kvgate", "cache_aware"), fleet, replicas, port)
         config["observability"] = {"request_log": False}
+        if args.hostile_clients:
+            config["normalize"] = {"rules": {"volatile_spans": True}}
         config["health"] = {"interval_s": 1.0}
         config_path = args.out / "kvgate.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -174,12 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(gateway, lambda: http_ok(f"{gateway.url}/health"))
         events = Events(gateway.url, config_path, config, started[-1][0])
         began = time.perf_counter()
-        tally = asyncio.run(soak(gateway.url, chats, args.minutes, args.clients, events))
+        hostile = Hostile(args.hostile_clients, hostile_bodies() if args.hostile_clients else [])
+        tally = asyncio.run(soak(gateway.url, chats, args.minutes, args.clients, events, hostile))
         ended = time.perf_counter()
         worst, buckets = scrape_lag(gateway.url)
     stalls = [line for line in (args.out / "kvgate.log").read_text(errors="replace").splitlines() if "blocked" in line]
     print(f"\n== soak {args.minutes:g} min, {args.clients} clients, {REPLICAS} replicas (KV events)")
     print(f"   requests ok {tally.ok}, errors {tally.errors}")
+    if hostile.clients:
+        print(f"   hostile requests ({hostile.clients} clients), answers: {dict(sorted(hostile.tally.errors.items()))}")
     print(f"   worst event-loop lag (gateway metric): {worst:.3f}s; lag histogram {buckets}")
     print(
         f"   longest stretch with no request completing (client side): {longest_gap(tally.completions, began, ended):.3f}s"

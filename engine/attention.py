@@ -6,9 +6,10 @@ one batched call, keys padded to the longest context and masked), then each mult
 the sliding window if the model has one): the causal mask is aligned bottom-right, since a
 chunk's queries start at ``start_pos`` while its keys start at 0.
 
-On CPU in float32 and bfloat16, multi-token chunks are attended by ``engine.matmul_attention``
-(oneDNN matmuls tile by tile, 1.7-3x faster there than the CPU flash kernel); everywhere else by
-SDPA.
+On CPU in float32 and bfloat16 where oneDNN works in that dtype (``engine.kernel_choice``),
+multi-token chunks are attended by ``engine.matmul_attention`` (oneDNN matmuls tile by tile:
+float32 1.7x, bfloat16 2.5-3x faster than the CPU flash kernel for a cached prompt,
+``bench/VLLM.md``); everywhere else by SDPA.
 """
 
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ import torch.nn.functional as F
 from engine.flashinfer_attention import FlashInferAttention
 from engine.kv_cache import PagedKVCache
 from engine.matmul_attention import QueryTile, query_tiles, tiled_attention
-from engine.onednn import ONEDNN_DTYPES, onednn_available
 from engine.runner_api import SeqChunk
 from radix.blocks import blocks_for
 
@@ -76,8 +76,8 @@ class AttentionMetadata:
         """Metadata for flat tokens laid out as ``decodes`` (one token each) then ``prefills``.
 
         With ``flashinfer``, plans it for the step instead of building the portable path's tables.
-        With ``matmul_prefill``, the compute dtype where ``prefers_matmul_prefill`` holds, multi-token
-        chunks are attended by matmuls.
+        With ``matmul_prefill``, the compute dtype where ``KernelChoice.matmul_prefill`` holds,
+        multi-token chunks are attended by matmuls.
         """
         slots: list[int] = []
         for chunk in decodes + prefills:
@@ -95,15 +95,6 @@ class AttentionMetadata:
             decode=_decode_group(decodes, block_size, window, device) if decodes else None,
             prefills=_prefill_chunks(len(decodes), prefills, block_size, window, device, matmul_prefill),
         )
-
-
-def prefers_matmul_prefill(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether multi-token chunks are faster attended by oneDNN matmuls than by SDPA.
-
-    Measured on CPU (``bench/VLLM.md``): float32 1.7x faster than the flash kernel for a cached
-    prompt, bfloat16 2.5-3x. CUDA (and float16, and a CPU build without oneDNN) keeps SDPA.
-    """
-    return device.type == "cpu" and dtype in ONEDNN_DTYPES and onednn_available()
 
 
 def _visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:

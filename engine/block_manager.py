@@ -255,7 +255,7 @@ class BlockManager:
         self._stop_computing(seq, seq.computing[1])
         if self.retention is not None and seq.session is not None:
             hashes = seq.block_hashes[: seq.num_registered_blocks]
-            stale, pushed_out, retained = self.retention.record_turn(seq.session, hashes)
+            stale, pushed_out, retained = self.retention.record_turn(seq.session, hashes, seq.session_ttl_s)
             self._apply_retention(stale, retained, pushed_out)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]

@@ -9,7 +9,7 @@ import zmq
 from aiohttp import web
 
 from engine.block_manager import BlockManager
-from engine.config import DEFAULT_MODEL, MAX_DEFAULT_MODEL_LEN, EngineConfig
+from engine.config import AUTO_DTYPE, DEFAULT_MODEL, DTYPE_CHOICES, MAX_DEFAULT_MODEL_LEN, EngineConfig
 from engine.host_kv_pool import GIB, host_kv_blocks
 from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
 from engine.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
@@ -27,7 +27,12 @@ from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner
 from engine.scheduler import Scheduler
 from engine.server import EngineServer
-from engine.session_retention import DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S, SessionRetention
+from engine.session_retention import (
+    DEFAULT_MAX_SESSION_TTL_S,
+    DEFAULT_SESSION_RETAIN_FRACTION,
+    DEFAULT_SESSION_TTL_S,
+    SessionRetention,
+)
 from engine.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import ModelNotFoundError
@@ -93,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads for the forward pass (default: all cores); use 1 per replica when several share few cores",
     )
     model.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-        help="weights and activations dtype; float32 is greedy-identical to transformers, bfloat16 is faster on "
-        "CPUs with AVX512-BF16 or AMX but not token-identical (default: %(default)s)",
+        "--dtype", choices=DTYPE_CHOICES, default="auto",
+        help=f"weights and activations dtype; auto = the fastest one greedy-identical to transformers ({AUTO_DTYPE}); "
+        "bfloat16 is faster where oneDNN bfloat16 works (AVX512-BF16, AMX) but not token-identical, and runs on "
+        "the portable path (F.linear, SDPA) elsewhere (default: %(default)s)",
     )  # fmt: skip
     model.add_argument(
         "--max-model-len", type=positive_int,
@@ -157,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--session-ttl-s", type=positive_float, default=DEFAULT_SESSION_TTL_S,
         help="a kvgate_session stays active (its latest turn evicted last) this long (default: %(default)s)",
+    )  # fmt: skip
+    cache.add_argument(
+        "--max-session-ttl-s", type=positive_float, default=DEFAULT_MAX_SESSION_TTL_S,
+        help="longest session TTL a request may ask for (prompt_cache_retention 24h, cache_control ttl); "
+        "longer ones are capped (default: %(default)s)",
     )  # fmt: skip
     cache.add_argument(
         "--session-retain-fraction", type=fraction, default=DEFAULT_SESSION_RETAIN_FRACTION,
@@ -250,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         host_kv_blocks=args.host_kv_blocks,
         host_kv_gib=args.host_kv_gib,
         session_ttl_s=args.session_ttl_s,
+        max_session_ttl_s=args.max_session_ttl_s,
         session_retain_fraction=args.session_retain_fraction,
         kv_events=args.kv_events,
         kv_events_topic=args.kv_events_topic,
@@ -299,7 +311,7 @@ def build_runner(
             config.block_size,
             budget.num_blocks,
             config.device,
-            config.dtype,
+            config.model_dtype,
             config.kv_cache_dtype,
             host_blocks,
             adapters,
@@ -326,7 +338,11 @@ def build_server(config: EngineConfig) -> EngineServer:
         log.info("host KV tier: %d blocks = %.2f GiB", host_blocks, host_blocks * bytes_per_block / GIB)
     tokenizer = ChatTokenizer.load(config.model)
     runner = build_runner(config, budget, tokenizer, host_blocks, adapters)
-    retention = SessionRetention(int(config.session_retain_fraction * budget.num_blocks), config.session_ttl_s)
+    retention = SessionRetention(
+        int(config.session_retain_fraction * budget.num_blocks),
+        config.session_ttl_s,
+        max_ttl_s=config.max_session_ttl_s,
+    )
     block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.max_loras)
     metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks, host_blocks)
@@ -366,7 +382,7 @@ def main(argv: list[str]) -> int:
     except (KVBudgetError, ModelNotFoundError, LoRAError, zmq.ZMQError, RuntimeError) as exc:
         print(f"kvgate engine: {exc}", file=sys.stderr)
         return 2
-    mode = "simulated" if config.sim else f"{config.device}/{config.dtype}"
+    mode = "simulated" if config.sim else f"{config.device}/{config.model_dtype}"
     log.info("serving %s (%s) on http://%s:%d", config.served_model_name, mode, config.host, config.port)
     web.run_app(
         server.build_app(),

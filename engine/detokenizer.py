@@ -19,6 +19,8 @@ class IncrementalDetokenizer:
         self._sent = 0
         self.stopped = False
         """True once a stop string appeared; ``text`` is then cut before it."""
+        self.matched: str | None = None
+        """The stop string that ended the text (the earliest, if several appeared at once)."""
 
     def add_token(self, token_id: int) -> None:
         if self.stopped:
@@ -33,6 +35,7 @@ class IncrementalDetokenizer:
             if found != -1:
                 self.text = self.text[:found]
                 self.stopped = True
+                self.matched = stop
                 search_from = min(search_from, found)
 
     def take_delta(self, final: bool) -> str:

@@ -90,7 +90,7 @@ def plan_kv_budget(
         before_weights = int(total * utilization) - (total - free) - CUDA_ACTIVATION_RESERVE_BYTES
 
         def kv_memory(stage: int) -> int:
-            return before_weights - weights_bytes_per_gpu(arch, config.dtype, parallel, stage)
+            return before_weights - weights_bytes_per_gpu(arch, config.model_dtype, parallel, stage)
 
         num_blocks = replica_blocks(arch, config.kv_dtype, config.block_size, parallel, kv_memory)
     budget_plan = KVBudget(bytes_per_token, num_blocks, config.block_size, config.kv_dtype, max_model_len, parallel)

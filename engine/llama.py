@@ -4,7 +4,8 @@ Numerics follow transformers' own modeling code op for op (RMSNorm in float32, r
 with cos/sin from the same inverse frequencies), so float32 greedy output matches it token for
 token. Q/K/V and gate/up projections are fused into one matmul each; the rope table is computed
 once for every position. LoRA adapters add their deltas after each projection, on their own rows
-only (``engine/lora_batch.py``). On CPU every weight matrix is reordered once, at load, into oneDNN's
+only (``engine/lora_batch.py``). On CPU, where oneDNN works in the compute dtype
+(``engine/kernel_choice.py``), every weight matrix is reordered once, at load, into oneDNN's
 blocked layout (``Linear``).
 """
 
@@ -14,9 +15,10 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata, paged_attention
+from engine.kernel_choice import KernelChoice
 from engine.kv_cache import PagedKVCache
 from engine.lora_batch import LoRABatch
-from engine.onednn import matmul_nt, uses_onednn
+from engine.onednn import matmul_nt, pack_weight
 
 Weights = dict[str, torch.Tensor]
 
@@ -67,18 +69,18 @@ class RotaryEmbedding:
 class Linear:
     """``x @ weight.T + bias`` for ``x`` ``[tokens, in]``.
 
-    On CPU with oneDNN (float32, bfloat16) the weight is reordered once into oneDNN's blocked
-    layout and multiplied by ``mkldnn._linear_pointwise``; plain ``F.linear`` would go to MKL
+    With ``packed`` (CPU, oneDNN working in the weight's dtype) the weight is reordered once into
+    oneDNN's blocked layout and multiplied by ``mkldnn._linear_pointwise``; ``F.linear`` goes to MKL
     (float32) or reorder on every call (bfloat16). Measured on the 2-core AMD EPYC dev VM, one
     thread, CPU time (``bench/VLLM.md``): float32 2.2-2.8x faster, bfloat16 1.1x (prefill) to
     1.45x (16-token decode) faster and bit-identical to ``F.linear``.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> None:
         self.bias = bias
         self.out_features = weight.shape[0]
-        self.packed = uses_onednn(weight)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+        self.packed = packed
+        self.weight = pack_weight(weight) if packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
@@ -112,7 +114,7 @@ def _required(weights: Weights, projections: list[str]) -> torch.Tensor:
 
 
 class DecoderLayer:
-    def __init__(self, config: PretrainedConfig, weights: Weights, prefix: str, head_dim: int) -> None:
+    def __init__(self, config: PretrainedConfig, weights: Weights, prefix: str, head_dim: int, packed: bool) -> None:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
@@ -120,11 +122,12 @@ class DecoderLayer:
         self.input_norm = RMSNorm(weights[f"{prefix}.input_layernorm.weight"], config.rms_norm_eps)
         self.post_attention_norm = RMSNorm(weights[f"{prefix}.post_attention_layernorm.weight"], config.rms_norm_eps)
         qkv = [f"{attn}.{name}_proj" for name in ("q", "k", "v")]
-        self.qkv = Linear(_required(weights, qkv), _fused(weights, [f"{name}.bias" for name in qkv]))
-        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"], weights.get(f"{attn}.o_proj.bias"))
+        self.qkv = Linear(_required(weights, qkv), _fused(weights, [f"{name}.bias" for name in qkv]), packed)
+        self.o_proj = Linear(weights[f"{attn}.o_proj.weight"], weights.get(f"{attn}.o_proj.bias"), packed)
         gate_up = [f"{mlp}.gate_proj", f"{mlp}.up_proj"]
-        self.gate_up = Linear(_required(weights, gate_up), _fused(weights, [f"{name}.bias" for name in gate_up]))
-        self.down = Linear(weights[f"{mlp}.down_proj.weight"], weights.get(f"{mlp}.down_proj.bias"))
+        gate_up_bias = _fused(weights, [f"{name}.bias" for name in gate_up])
+        self.gate_up = Linear(_required(weights, gate_up), gate_up_bias, packed)
+        self.down = Linear(weights[f"{mlp}.down_proj.weight"], weights.get(f"{mlp}.down_proj.bias"), packed)
 
     def __call__(
         self,
@@ -162,12 +165,20 @@ class DecoderLayer:
 
 
 class LlamaForPagedLM:
-    """The whole model: embed, decoder layers over the paged cache, final norm, LM head."""
+    """The whole model: embed, decoder layers over the paged cache, final norm, LM head, on ``kernels``."""
 
-    def __init__(self, config: PretrainedConfig, weights: Weights, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        weights: Weights,
+        dtype: torch.dtype,
+        device: torch.device,
+        kernels: KernelChoice,
+    ) -> None:
         if config.hidden_act != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}: Llama-family models use silu")
         weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in weights.items()}
+        self.kernels = kernels
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -175,11 +186,13 @@ class LlamaForPagedLM:
             getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
         )
         self.embed = weights["model.embed_tokens.weight"]
-        self.lm_head = Linear(self.embed if config.tie_word_embeddings else weights["lm_head.weight"], None)
+        lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = Linear(lm_head, None, kernels.packed_linear)
         self.norm = RMSNorm(weights["model.norm.weight"], config.rms_norm_eps)
         self.rope = RotaryEmbedding(config, self.head_dim, dtype, device)
         self.layers = [
-            DecoderLayer(config, weights, f"model.layers.{index}", self.head_dim) for index in range(self.num_layers)
+            DecoderLayer(config, weights, f"model.layers.{index}", self.head_dim, kernels.packed_linear)
+            for index in range(self.num_layers)
         ]
 
     def hidden_states(

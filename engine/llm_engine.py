@@ -65,6 +65,8 @@ class RequestOutput:
     logprobs: TokenLogprobs | None = None
     times: RequestTimes | None = None
     """Set on a sequence's last output (for the engine's trace spans)."""
+    stop_reason: str | None = None
+    """The stop string that ended the sequence (vLLM's ``stop_reason``); None for EOS, length or a grammar's end."""
 
 
 class EngineError(RuntimeError):
@@ -152,6 +154,7 @@ class LLMEngine:
         eos_token_id: int | None,
         cache_salt: str | None = None,
         session: str | None = None,
+        session_ttl_s: float | None = None,
         n: int = 1,
         adapter: LoRARef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
@@ -161,7 +164,7 @@ class LLMEngine:
         prefix cache, so they share the prompt's full KV blocks and compute only its tail. A
         seeded request gives sample ``i`` the seed ``seed + i``, as vLLM does. ``session`` (the
         request's ``kvgate_session``) asks the block manager to keep this turn's blocks longer
-        than one-shot blocks. ``adapter`` runs the samples under that LoRA adapter.
+        than one-shot blocks, for ``session_ttl_s`` (None: the engine's default). ``adapter`` runs the samples under that LoRA adapter.
         """
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         requests = []
@@ -180,6 +183,7 @@ class LLMEngine:
                 eos_token_id,
                 session,
                 adapter=adapter,
+                session_ttl_s=session_ttl_s,
             )
             requests.append(_Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), outputs, index))
         first = requests[0]
@@ -211,6 +215,25 @@ class LLMEngine:
                 loop.call_soon_threadsafe(_settle, result, None, EngineError(f"embedding failed: {exc}"))
             else:
                 loop.call_soon_threadsafe(_settle, result, vector, None)
+
+        self._commands.put(compute)
+        return await result
+
+    async def prompt_logprobs(
+        self, token_ids: list[int], top: int, adapter: LoRARef | None = None
+    ) -> list[TokenLogprobs | None]:
+        """The runner's prompt logprobs (``ModelRunner.prompt_logprobs``), computed on the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[list[TokenLogprobs | None]] = loop.create_future()
+
+        def compute() -> None:
+            try:
+                found = self.runner.prompt_logprobs(token_ids, top, adapter.lora_id if adapter is not None else 0)
+            except Exception as exc:
+                log.exception("prompt logprobs failed")
+                loop.call_soon_threadsafe(_settle, result, None, EngineError(f"prompt logprobs failed: {exc}"))
+            else:
+                loop.call_soon_threadsafe(_settle, result, found, None)
 
         self._commands.put(compute)
         return await result
@@ -420,6 +443,7 @@ class LLMEngine:
             index=request.index,
             logprobs=logprobs,
             times=_times(request, now) if finished else None,
+            stop_reason=request.detokenizer.matched,
         )
         return request.outputs, output
 

@@ -1,4 +1,5 @@
-"""Prefill attention built from matmuls, tile by tile of queries (CPU, float32 and bfloat16).
+"""Prefill attention built from matmuls, tile by tile of queries (CPU, float32 and bfloat16, where
+oneDNN works in that dtype: ``engine.kernel_choice``).
 
 PyTorch's CPU flash-attention kernel runs a cached 128-token prefill over 1,536 keys at ~150
 GFLOP/s in float32 and a 1,536-token causal one at ~64 GFLOP/s in bfloat16 on the AVX512-BF16

@@ -1,21 +1,30 @@
 """The real model behind the scheduler: one ``execute`` call computes one step over the paged cache."""
 
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import torch
 
-from engine.attention import AttentionMetadata, prefers_matmul_prefill
+from engine.attention import AttentionMetadata
+from engine.cpu_features import CpuFeatures, probe_cpu
 from engine.flashinfer_attention import FlashInferAttention, select_backend
+from engine.grammar import Bitmask, GrammarMatcher, MaskFiller, allocate_bitmask
+from engine.kernel_choice import choose_kernels
 from engine.kv_cache import Fp8PagedKVCache, HostKVBuffer, KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.loader import load_model
+from engine.logprobs_prompt import prompt_logprobs
 from engine.lora_batch import LoRABatch, segments_of
 from engine.lora_modules import AdapterConfig
 from engine.lora_weights import AdapterWeights, load_adapter, projection_shapes
 from engine.pooling import last_token_embedding
 from engine.runner_api import BlockTransfer, SeqChunk, TokenLogprobs
-from engine.sampler import Sampler, apply_penalties, token_logprobs
+from engine.sampler import Sampler, apply_penalties, apply_token_bitmask, token_logprobs
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
+
+log = logging.getLogger(__name__)
 
 
 class TorchModelRunner:
@@ -27,6 +36,9 @@ class TorchModelRunner:
     (``engine.flashinfer_attention``). ``eos_token_id`` is the
     config's (the first, where it lists several). Beyond the pool, attention needs a scratch buffer
     as large as the K/V a step gathers (batch x longest context, in the compute dtype).
+
+    On CPU the kernels follow ``cpu`` (default: probed here, less the environment's switches;
+    ``engine.kernel_choice``), logged in one line at load.
     """
 
     def __init__(
@@ -39,6 +51,7 @@ class TorchModelRunner:
         kv_cache_dtype: str = "auto",
         host_blocks: int = 0,
         adapters: tuple[AdapterConfig, ...] = (),
+        cpu: CpuFeatures | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
@@ -48,11 +61,17 @@ class TorchModelRunner:
         self.num_blocks = num_blocks
         self.device = torch.device(device)
         compute_dtype = DTYPES[dtype]
+        if self.device.type == "cpu" and cpu is None:
+            cpu = probe_cpu()
+        if kv_cache_dtype == "fp8" and cpu is not None and not cpu.fp8_conversion:
+            raise RuntimeError("this PyTorch cannot convert float8_e4m3fn on this CPU; use --kv-cache-dtype auto")
+        kernels = choose_kernels(self.device, compute_dtype, cpu)
+        log.info("%s", kernels.summary)
         loaded = load_model(model, device)
         self.hf_config: dict = loaded.config.to_dict()
         eos = loaded.config.eos_token_id
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
-        self.model = LlamaForPagedLM(loaded.config, loaded.weights, compute_dtype, self.device)
+        self.model = LlamaForPagedLM(loaded.config, loaded.weights, compute_dtype, self.device, kernels)
         shapes = projection_shapes(loaded.config, self.model.head_dim)
         self.adapters: list[AdapterWeights] = [
             load_adapter(config, shapes, self.model.num_layers, compute_dtype, self.device) for config in adapters
@@ -81,9 +100,14 @@ class TorchModelRunner:
                 self.model.sliding_window,
                 self.device,
             )
-        self.matmul_prefill = compute_dtype if prefers_matmul_prefill(self.device, compute_dtype) else None
+        self.matmul_prefill = compute_dtype if kernels.matmul_prefill else None
         self.sampler = Sampler(self.device)
         self._logprobs: dict[int, TokenLogprobs] = {}
+        self._mask_filler = MaskFiller()
+        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        """Grammar masks are computed here while the forward runs (both release the GIL)."""
+
+    constrained_decoding = True
 
     @torch.inference_mode()
     def transfer(self, transfers: list[BlockTransfer]) -> None:
@@ -116,6 +140,8 @@ class TorchModelRunner:
             self.flashinfer,
             self.matmul_prefill,
         )
+        sampled_order = [index for index in order if chunks[index].sample]
+        masks = self._start_masks([chunks[index] for index in sampled_order])
         token_ids = [token for chunk in ordered for token in chunk.token_ids]
         positions = [pos for chunk in ordered for pos in range(chunk.start_pos, chunk.start_pos + len(chunk.token_ids))]
         hidden = self.model.hidden_states(
@@ -137,11 +163,30 @@ class TorchModelRunner:
             logits = self.model.logits(hidden[torch.tensor(last_rows, device=self.device)])
             sampled = [chunks[index] for index in sampled_indices]
             adjusted = apply_penalties(logits, sampled)
+            if masks is not None:
+                rows, bitmask = masks.result()
+                adjusted = apply_token_bitmask(adjusted, rows, bitmask)
             tokens = self.sampler(adjusted, [c.sampling for c in sampled], [c.num_generated for c in sampled])
             for index, token in zip(sampled_indices, tokens, strict=False):
                 results[index] = token
             self._logprobs = self._logprobs_of(logits, sampled, tokens)
         return results
+
+    def _start_masks(self, sampled: list[SeqChunk]) -> "Future[tuple[list[int], Bitmask]] | None":
+        """Start computing the token masks of the constrained rows of ``sampled`` (None: there are none)."""
+        rows = [row for row, chunk in enumerate(sampled) if chunk.constraint is not None]
+        if not rows:
+            return None
+        matchers = [sampled[row].constraint for row in rows]
+        grammar_matchers = [matcher for matcher in matchers if isinstance(matcher, GrammarMatcher)]
+        assert len(grammar_matchers) == len(matchers), "constraints come from engine.grammar"
+
+        def fill() -> tuple[list[int], Bitmask]:
+            bitmask = allocate_bitmask(len(rows), grammar_matchers[0].vocab_size)
+            self._mask_filler.fill(grammar_matchers, list(range(len(rows))), bitmask)
+            return rows, bitmask
+
+        return self._mask_thread.submit(fill)
 
     def _lora_batch(self, ordered: list[SeqChunk]) -> LoRABatch | None:
         """The step's adapter segments (chunks are ordered so each adapter's rows are contiguous)."""
@@ -166,6 +211,11 @@ class TorchModelRunner:
     def embed(self, token_ids: list[int], lora_id: int = 0) -> list[float]:
         lora = LoRABatch(segments_of([lora_id], [len(token_ids)], self.adapters)) if lora_id else None
         return last_token_embedding(self.model, token_ids, self.block_size, self.device, lora)
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, token_ids: list[int], top: int, lora_id: int = 0) -> list[TokenLogprobs | None]:
+        lora = LoRABatch(segments_of([lora_id], [len(token_ids)], self.adapters)) if lora_id else None
+        return prompt_logprobs(self.model, token_ids, top, self.block_size, self.device, lora)
 
     def release(self, seq_id: int) -> None:
         """Nothing to forget: seeded draws derive from (seed, num_generated), not from kept state."""

@@ -4,7 +4,9 @@ The request schemas and the error type are shared with the gateway (``protocol.o
 what is here depends on this engine's model: its name, vocabulary and maximum context length.
 """
 
-from typing import TypeVar
+import math
+import re
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel
@@ -19,20 +21,25 @@ from protocol.openai import (
     GenerationRequest,
     ResponsesRequest,
     chat_messages,
+    responses_chat_tools,
     responses_messages,
     validate,
 )
-from protocol.openai_errors import OpenAIError, bad_request, model_not_found
+from protocol.openai_errors import bad_request, model_not_found
+from protocol.sampling_bounds import check_sampling_bounds
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 def parse_request(body: bytes, schema: type[RequestT]) -> RequestT:
+    return validate(parse_json(body), schema)
+
+
+def parse_json(body: bytes) -> Any:
     try:
-        data = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
-    return validate(data, schema)
 
 
 def check_model(
@@ -58,8 +65,6 @@ def _checked_ids(token_ids: list[int], tokenizer: ChatTokenizer, param: str) -> 
 
 def completion_prompt_ids(request: CompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
     """Token ids of a completion prompt given as text or as token ids (one prompt only)."""
-    if request.echo:
-        raise bad_request("echo is not supported by this engine", "echo", "unsupported_parameter")
     prompts = _one_or_many(request.prompt)
     if len(prompts) != 1:
         raise bad_request("only one prompt per request is supported", "prompt")
@@ -94,7 +99,7 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: ChatTokenizer) ->
 
 
 def responses_prompt_ids(request: ResponsesRequest, tokenizer: ChatTokenizer) -> list[int]:
-    return _render(responses_messages(request), None, tokenizer, "input")
+    return _render(responses_messages(request), responses_chat_tools(request.tools), tokenizer, "input")
 
 
 def embedding_inputs(request: EmbeddingRequest, tokenizer: ChatTokenizer, max_model_len: int) -> list[list[int]]:
@@ -138,11 +143,12 @@ def sampling_params(
             "max_tokens",
             "context_length_exceeded",
         )
+    check_sampling_bounds(request.stop, request.logit_bias)
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
-        top_k=max(request.top_k or 0, 0),
+        top_k=min(max(request.top_k or 0, 0), vocab_size),  # past the vocabulary: no cut (and no int64 overflow)
         seed=request.seed,
         max_tokens=max_tokens or room,
         stop=stop,
@@ -169,11 +175,19 @@ def _responses_sampling(request: ResponsesRequest, room: int) -> SamplingParams:
     )
 
 
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")
+"""A logit_bias key: ASCII decimal digits only (``str.isdigit`` also takes "²", which ``int`` refuses)."""
+_MAX_ABS_BIAS = 100.0
+
+
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
-    """OpenAI's ``{"token id": bias}`` with keys checked against this model's vocabulary."""
+    """OpenAI's ``{"token id": bias}`` with keys checked against this model's vocabulary and biases
+    finite within OpenAI's [-100, 100]; anything else is a 400 naming ``logit_bias``."""
     checked = {}
     for key, value in bias.items():
-        if not key.isdigit() or int(key) >= vocab_size:
-            raise OpenAIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", param="logit_bias")
-        checked[int(key)] = value
+        if _TOKEN_ID_KEY.fullmatch(key) is None or int(key) >= vocab_size:
+            raise bad_request(f"logit_bias key {key[:32]!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not math.isfinite(value) or abs(value) > _MAX_ABS_BIAS:
+            raise bad_request(f"logit_bias value for {key} must be a number in [-100, 100]", "logit_bias")
+        checked[int(key)] = float(value)
     return checked

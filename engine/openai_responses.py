@@ -1,6 +1,7 @@
 """OpenAI response bodies for completions and chat completions, whole and as stream chunks.
 
-A request with ``n`` samples has ``n`` choices; usage counts the prompt once and the output of
+A finished choice's ``stop_reason`` is the stop string that ended it, as vLLM reports it (null
+after EOS). A request with ``n`` samples has ``n`` choices; usage counts the prompt once and the output of
 every choice. ``cached_tokens`` is the largest cache hit among the samples: the samples after
 the first find the prompt's full blocks in the prefix cache, which is what vLLM reports for the
 same request (its merged output carries the count of a sample scheduled after the first).
@@ -14,6 +15,8 @@ from typing import Any
 
 from engine.llm_engine import RequestOutput
 from engine.runner_api import TokenLogprobs
+from engine.tool_choice import ToolMode
+from engine.tool_parser import ToolCallStream, parse_answer
 
 TokenText = Callable[[int], str]
 """The text of one token id, as logprobs name tokens."""
@@ -53,9 +56,12 @@ class ResponseShape:
     chat: bool
     token_text: TokenText
     want_logprobs: bool = False
+    tools: ToolMode | None = None
+    """A chat request's tools: its answers may carry ``tool_calls`` (``engine/tool_parser.py``)."""
     request_id: str = field(init=False)
     created: int = field(init=False)
     _text_offsets: dict[int, int] = field(init=False, default_factory=dict)
+    _tool_streams: dict[int, ToolCallStream] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.request_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -68,15 +74,49 @@ class ResponseShape:
             text = "".join(choice.text)
             logprobs = self._logprobs(index, choice.logprobs)
             finish = choice.last.finish_reason
+            stop_reason = choice.last.stop_reason
             if self.chat:
-                message = {"role": "assistant", "content": text}
-                bodies.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if self.tools is not None and finish == "stop":
+                    content, calls = parse_answer(self.tools, text)
+                    if calls:
+                        message = {"role": "assistant", "content": content, "tool_calls": [c.body() for c in calls]}
+                        finish = "tool_calls"
+                body = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
             else:
-                bodies.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                body = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            bodies.append(body | {"stop_reason": stop_reason})
         finals = [choice.last for choice in choices if choice.last is not None]
         return self._envelope("chat.completion" if self.chat else "text_completion", bodies, usage(finals))
 
-        return self._envelope(self._chunk_object, [choice], None)
+    def chunks(self, output: RequestOutput, first: bool = False) -> list[dict[str, Any]]:
+        """The stream chunks of one output: one, or for a chat with tools, one per content or tool-call delta."""
+        if self.tools is None or not self.chat:
+            return [self.chunk(output, first)]
+        stream = self._tool_streams.setdefault(output.index, ToolCallStream(self.tools))
+        deltas = stream.feed(output.text, output.finished)
+        finish = output.finish_reason
+        if finish == "stop" and stream.calls:
+            finish = "tool_calls"
+        if not deltas and not output.finished and output.logprobs is None:
+            return []
+        if output.finished or not deltas:
+            deltas.append({})
+        logprobs = self._logprobs(output.index, [output.logprobs] if output.logprobs else [])
+        chunks = []
+        for position, delta in enumerate(deltas):
+            last = position == len(deltas) - 1
+            if first and position == 0:
+                delta = {"role": "assistant", **delta}
+            choice = {
+                "index": output.index,
+                "delta": delta,
+                "logprobs": logprobs if last else None,
+                "finish_reason": finish if last and output.finished else None,
+                "stop_reason": output.stop_reason if last else None,
+            }
+            chunks.append(self._envelope(self._chunk_object, [choice], None))
+        return chunks
 
     def chunk(self, output: RequestOutput, first: bool = False) -> dict[str, Any]:
         """One stream chunk; a chat sample's ``first`` chunk also names the role, and carries the
@@ -87,7 +127,7 @@ class ResponseShape:
             choice: dict[str, Any] = {"index": output.index, "delta": delta}
         else:
             choice = {"index": output.index, "text": output.text}
-        choice |= {"logprobs": logprobs, "finish_reason": output.finish_reason}
+        choice |= {"logprobs": logprobs, "finish_reason": output.finish_reason, "stop_reason": output.stop_reason}
         return self._envelope(self._chunk_object, [choice], None)
 
     def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:

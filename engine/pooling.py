@@ -8,12 +8,32 @@ blocks from (or adds blocks to) the engine's prefix cache.
 
 import torch
 
-from engine.attention import AttentionMetadata, prefers_matmul_prefill
+from engine.attention import AttentionMetadata
 from engine.kv_cache import KVCacheShape, PagedKVCache
 from engine.llama import LlamaForPagedLM
 from engine.lora_batch import LoRABatch
 from engine.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
+
+
+def scratch_hidden_states(
+    model: LlamaForPagedLM,
+    token_ids: list[int],
+    block_size: int,
+    device: torch.device,
+    lora: LoRABatch | None = None,
+) -> torch.Tensor:
+    """The final-norm hidden state of every prompt position, from one forward over a scratch
+    paged cache that never touches the engine's prefix cache."""
+    num_blocks = blocks_for(len(token_ids), block_size)
+    compute_dtype = model.embed.dtype
+    shape = KVCacheShape(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    cache = PagedKVCache(shape, compute_dtype, compute_dtype, device)
+    chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
+    matmul = compute_dtype if model.kernels.matmul_prefill else None
+    metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device, None, matmul)
+    positions = torch.arange(len(token_ids), device=device)
+    return model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata, lora)
 
 
 def last_token_embedding(
@@ -23,14 +43,5 @@ def last_token_embedding(
     device: torch.device,
     lora: LoRABatch | None = None,
 ) -> list[float]:
-    num_blocks = blocks_for(len(token_ids), block_size)
-    compute_dtype = model.embed.dtype
-    shape = KVCacheShape(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    cache = PagedKVCache(shape, compute_dtype, compute_dtype, device)
-    chunk = SeqChunk(-1, token_ids, 0, list(range(num_blocks)), sample=False, sampling=SamplingParams())
-    matmul = compute_dtype if prefers_matmul_prefill(device, compute_dtype) else None
-    metadata = AttentionMetadata.build([], [chunk], block_size, model.sliding_window, device, None, matmul)
-    positions = torch.arange(len(token_ids), device=device)
-    hidden = model.hidden_states(torch.tensor(token_ids, device=device), positions, cache, metadata, lora)
-    last = hidden[-1].float()
+    last = scratch_hidden_states(model, token_ids, block_size, device, lora)[-1].float()
     return (last / last.norm().clamp(min=1e-12)).tolist()

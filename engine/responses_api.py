@@ -1,9 +1,10 @@
-"""OpenAI Responses API bodies (``/v1/responses``) for text in and text out, whole and streamed.
+"""OpenAI Responses API bodies (``/v1/responses``): text or function calls out, whole and streamed.
 
 Responses are not stored: each is built from one generation and forgotten, so
-``previous_response_id`` is refused (see ``protocol.openai.responses_messages``). A stream is
-the Responses event sequence (``response.created`` ... ``response.completed``), each event an
-SSE ``event:`` line plus its JSON, without the chat stream's ``[DONE]``.
+``previous_response_id`` is refused (see ``protocol.openai.responses_messages``). An answer is a
+list of output items: a ``message`` with its text, and, when the request has tools and the answer
+calls them, ``function_call`` items (``call_id``, ``name``, ``arguments``), read back from the text
+by chat's tool parser (``engine/tool_parser.py``). The stream is built in ``engine/responses_stream.py``.
 """
 
 import time
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm_engine import RequestOutput
+from engine.tool_choice import ToolMode
+from engine.tool_parser import ToolCall, parse_answer
 from protocol.openai import ResponsesRequest
 
 
@@ -25,24 +28,52 @@ def response_usage(final: RequestOutput) -> dict[str, Any]:
     }
 
 
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def message_item(identifier: str, text: str | None, status: str) -> dict[str, Any]:
+    """A message item; one in progress has no content yet (its part is added by an event)."""
+    content = [text_part(text or "")] if status == "completed" else []
+    return {"type": "message", "id": identifier, "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(identifier: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": identifier,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
 @dataclass
 class ResponseBuilder:
-    """One response's ids and settings; builds its object and its stream events."""
+    """One response's ids and settings; builds its object, its output items and its events."""
 
     model: str
     request: ResponsesRequest
-    response_id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
-    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    tools: ToolMode | None = None
+    """The request's tools: its answer may carry ``function_call`` items."""
+    response_id: str = field(default_factory=lambda: item_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     _sequence: int = 0
 
-    def response(self, text: str | None, final: RequestOutput | None) -> dict[str, Any]:
-        """The response object: in progress (``final`` None) or finished with ``text``."""
+    def response(self, output: list[dict[str, Any]] | None, final: RequestOutput | None) -> dict[str, Any]:
+        """The response object: in progress (``final`` None) or finished with its ``output`` items."""
         status = "in_progress"
         incomplete = None
         if final is not None:
             status = "incomplete" if final.finish_reason == "length" else "completed"
             incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        request = self.request
+        text_format = request.text.format if request.text is not None else None
         return {
             "id": self.response_id,
             "object": "response",
@@ -50,57 +81,40 @@ class ResponseBuilder:
             "status": status,
             "error": None,
             "incomplete_details": incomplete,
-            "instructions": self.request.instructions,
-            "max_output_tokens": self.request.max_output_tokens,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
             "model": self.model,
-            "output": [] if final is None else [self.message(text or "", "completed")],
-            "parallel_tool_calls": True,
+            "output": output or [],
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "temperature": self.request.temperature,
-            "top_p": self.request.top_p,
-            "tool_choice": "auto",
-            "tools": [],
-            "text": {"format": {"type": "text"}},
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "tool_choice": request.tool_choice or "auto",
+            "tools": request.tools or [],
+            "text": {
+                "format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format else {"type": "text"}
+            },
             "truncation": "disabled",
             "usage": None if final is None else response_usage(final),
-            "user": self.request.user,
+            "user": request.user,
             "metadata": {},
         }
 
-    def message(self, text: str, status: str) -> dict[str, Any]:
-        content = [self.text_part(text)] if status == "completed" else []
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
+    def output_items(self, text: str, final: RequestOutput) -> list[dict[str, Any]]:
+        """A whole answer's items: its message, or the function calls it made (after any text before them)."""
+        if self.tools is not None and final.finish_reason == "stop":
+            content, calls = parse_answer(self.tools, text)
+            if calls:
+                before = [message_item(item_id("msg"), content, "completed")] if content else []
+                return before + [self.call_item(call) for call in calls]
+        return [message_item(item_id("msg"), text, "completed")]
 
     @staticmethod
-    def text_part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": []}
+    def call_item(call: ToolCall) -> dict[str, Any]:
+        return function_call_item(item_id("fc"), call.id, call.name, call.arguments, "completed")
 
-    def opening_events(self) -> list[dict[str, Any]]:
-        started = self.response(None, None)
-        return [
-            self._event("response.created", response=started),
-            self._event("response.in_progress", response=started),
-            self._event("response.output_item.added", output_index=0, item=self.message("", "in_progress")),
-            self._event("response.content_part.added", **self._part_place(), part=self.text_part("")),
-        ]
-
-    def delta_event(self, delta: str) -> dict[str, Any]:
-        return self._event("response.output_text.delta", **self._part_place(), delta=delta)
-
-    def closing_events(self, text: str, final: RequestOutput) -> list[dict[str, Any]]:
-        """The last events; the final one is ``response.completed``, or ``response.incomplete`` at the token limit."""
-        closing = self.response(text, final)
-        return [
-            self._event("response.output_text.done", **self._part_place(), text=text),
-            self._event("response.content_part.done", **self._part_place(), part=self.text_part(text)),
-            self._event("response.output_item.done", output_index=0, item=self.message(text, "completed")),
-            self._event(f"response.{closing['status']}", response=closing),
-        ]
-
-    def _part_place(self) -> dict[str, Any]:
-        return {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-
-    def _event(self, event_type: str, **fields: Any) -> dict[str, Any]:
+    def event(self, event_type: str, **fields: Any) -> dict[str, Any]:
+        """The next stream event (each numbered in order)."""
         event = {"type": event_type, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return event

@@ -9,6 +9,30 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+class TokenConstraint(Protocol):
+    """One sequence's grammar state (``engine.grammar.GrammarMatcher``): it follows the sampled tokens."""
+
+    def accept(self, token_id: int) -> None: ...
+
+    @property
+    def complete(self) -> bool:
+        """True once nothing but the end of the sequence may follow."""
+        ...
+
+
+class Constraint(Protocol):
+    """A checked grammar a request's output must match (``engine.grammar.Grammar``)."""
+
+    @property
+    def param(self) -> str:
+        """The request field that asked for it."""
+        ...
+
+    def matcher(self) -> TokenConstraint:
+        """A fresh state at the grammar's start, one per sequence."""
+        ...
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -25,6 +49,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None
     """None: no logprobs; k >= 0: the sampled token's logprob and the k most likely alternatives."""
+    constraint: Constraint | None = None
+    """The grammar every sampled token must keep the output inside (structured outputs, forced tools)."""
 
     @property
     def greedy(self) -> bool:
@@ -47,6 +73,8 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    rank: int | None = None
+    """The token's rank in the distribution (1: the most likely), where asked for (prompt logprobs)."""
 
 
 @dataclass
@@ -72,6 +100,8 @@ class SeqChunk:
     """The generated tokens, filled only when ``sampling.penalized`` (penalties count them)."""
     lora_id: int = 0
     """The LoRA adapter the chunk runs under (its ``--lora-modules`` position from 1; 0: the base model)."""
+    constraint: TokenConstraint | None = None
+    """The sequence's grammar state when it samples under a constraint: the runner masks its logits."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,8 @@ class BlockTransfer:
 class ModelRunner(Protocol):
     block_size: int
     num_blocks: int
+    constrained_decoding: bool
+    """Whether ``execute`` honours ``SeqChunk.constraint`` (the simulated runner does not)."""
 
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """Compute one step; a sampled token id for each chunk with ``sample`` set, else None."""
@@ -106,4 +138,9 @@ class ModelRunner(Protocol):
 
     def embed(self, token_ids: list[int], lora_id: int = 0) -> list[float]:
         """A pooled, L2-normalized embedding of ``token_ids`` (computed outside the paged cache)."""
+        ...
+
+    def prompt_logprobs(self, token_ids: list[int], top: int, lora_id: int = 0) -> list[TokenLogprobs | None]:
+        """Each prompt token's logprob and rank given the tokens before it, with the ``top`` most likely
+        tokens there (None for the first token); computed outside the paged cache."""
         ...

@@ -11,10 +11,14 @@ Random draws use the exponential race (``argmax(probs / q)`` with ``q ~ Exp(1)``
 without the runner keeping any per-sequence state.
 """
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from engine.runner_api import SamplingParams, SeqChunk, TokenLogprobs
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily, as vLLM's do: dividing logits by ~1e-300 overflows to NaN."""
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 63) - 1
 
@@ -58,6 +62,23 @@ def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tenso
     return logits
 
 
+def apply_token_bitmask(logits: torch.Tensor, rows: list[int], bitmask: npt.NDArray[np.int32]) -> torch.Tensor:
+    """``logits`` with every token a grammar forbids set to -inf in the given rows.
+
+    ``bitmask`` is ``[len(rows), ceil(vocab / 32)]`` int32, bit ``i`` of word ``j`` allowing token
+    ``32 j + i`` (llguidance's layout: little-endian words, so numpy unpacks it in token order);
+    logits past the mask's vocabulary are forbidden too."""
+    vocab = logits.shape[-1]
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    if bits.shape[1] < vocab:
+        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
+    # numpy, not torch's masked_fill: one thread, and about 20x faster on a CPU whose cores are busy
+    bias = np.where(bits, np.float32(0), np.float32(-np.inf))
+    logits = logits.clone()
+    logits[torch.tensor(rows, device=logits.device)] += torch.from_numpy(bias).to(logits.device)
+    return logits
+
+
 def token_logprobs(raw_logits: torch.Tensor, tokens: list[int], top: list[int]) -> list[TokenLogprobs]:
     """Per row: the logprob of ``tokens[row]`` and the ``top[row]`` most likely tokens."""
     logprobs = raw_logits.log_softmax(dim=-1)
@@ -78,7 +99,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int]) -> list[int]:
         """One token per row of ``logits`` ``[rows, vocab]`` (float32, penalties already applied)."""
         tokens = logits.argmax(dim=-1)
-        sampled = [row for row, p in enumerate(params) if not p.greedy]
+        sampled = [row for row, p in enumerate(params) if not p.greedy and p.temperature >= GREEDY_BELOW]
         if sampled:
             rows = torch.tensor(sampled, device=self.device)
             chosen = [params[row] for row in sampled]

@@ -181,6 +181,7 @@ class Scheduler:
                 num_generated=seq.num_output_tokens,
                 output_token_ids=seq.output_token_ids if seq.sampling.penalized else [],
                 lora_id=seq.lora_id,
+                constraint=seq.constraint if end == len(seq.token_ids) else None,
             )
         )
         return end - start

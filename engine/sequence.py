@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.lora_modules import LoRARef
-from engine.runner_api import SamplingParams
+from engine.runner_api import SamplingParams, TokenConstraint
 
 
 class SequenceStatus(Enum):
@@ -34,6 +34,8 @@ class Sequence:
     """The client's session key (``kvgate_session``): a retention hint for the block manager."""
     adapter: LoRARef | None = None
     """The LoRA adapter the sequence runs under (None: the base model); it seeds its block hashes."""
+    session_ttl_s: float | None = None
+    """How long the session retains this turn (None: the engine's ``--session-ttl-s``)."""
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -55,9 +57,13 @@ class Sequence:
     """While running: the [start, end) indices of its full prompt blocks not yet computed, which
     a queued prompt sharing them waits for rather than computing them a second time."""
     finish_reason: str | None = None
+    constraint: TokenConstraint | None = field(init=False, default=None)
+    """Its own place in ``sampling.constraint``'s grammar; kept across preemption, like its output."""
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        if self.sampling.constraint is not None:
+            self.constraint = self.sampling.constraint.matcher()
 
     @property
     def adapter_name(self) -> str | None:
@@ -90,7 +96,16 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         """Add a sampled token and set ``finish_reason`` if it ends the sequence."""
         self.token_ids.append(token_id)
-        if token_id == self.eos_token_id and not self.sampling.ignore_eos:
+        if self._ends(token_id):
             self.finish_reason = "stop"
         elif self.num_output_tokens >= self.sampling.max_tokens or len(self.token_ids) >= self.max_total_tokens:
             self.finish_reason = "length"
+
+    def _ends(self, token_id: int) -> bool:
+        """Whether ``token_id`` ends the output: the EOS token, or the last token its grammar allows."""
+        if token_id == self.eos_token_id and not self.sampling.ignore_eos:
+            return True
+        if self.constraint is None:
+            return False
+        self.constraint.accept(token_id)
+        return self.constraint.complete

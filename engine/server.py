@@ -6,6 +6,7 @@ output stream and so aborts the request in the engine.
 """
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -17,26 +18,36 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.embeddings import embeddings_response
+from engine.grammar import Grammar, GrammarCompiler
 from engine.llm_engine import EngineError, LLMEngine, RequestOutput
 from engine.load_publisher import LoadPublisher
+from engine.logprobs_echo import PromptEcho, check_scored_request, prompt_text, refuse_chat_scoring, scored_top
 from engine.lora_modules import LoRAModule, LoRARef, lora_refs
 from engine.openai_checks import (
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
     embedding_inputs,
+    parse_json,
     parse_request,
     responses_prompt_ids,
     sampling_params,
 )
 from engine.openai_responses import Choice, ResponseShape
 from engine.responses_api import ResponseBuilder
+from engine.responses_stream import ResponseStream
+from engine.responses_tools import responses_grammar, responses_tool_mode
 from engine.runner_api import SamplingParams
+from engine.session_hint import SessionHint, session_hint
+from engine.structured_output import constraint_fields, requested_grammar
+from engine.tool_choice import ToolMode, tool_grammar, tool_mode
 from engine.tracing import record_spans
 from normalize.chat_tokenizer import ChatTokenizer
+from normalize.tokenizer_api import detokenize_body, tokenize_body, tokenize_text, tokenizer_info
 from protocol.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest
-from protocol.openai_errors import OpenAIError, error_body
+from protocol.openai_errors import OpenAIError, bad_request, error_body
 from protocol.replica_stats import encode_stats
+from protocol.tokenize_api import parse_detokenize, parse_tokenize
 from protocol.tracing import remote_parent
 
 log = logging.getLogger(__name__)
@@ -88,6 +99,8 @@ class EngineServer:
         self.lora_modules = lora_modules
         self.adapters: dict[str, LoRARef] = lora_refs(lora_modules)
         self.created = int(time.time())
+        self.grammars: GrammarCompiler | None = None
+        """Built at startup when the runner can follow a grammar (about a second for a 49k vocabulary)."""
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[openai_errors], client_max_size=_MAX_BODY_BYTES)
@@ -96,6 +109,10 @@ class EngineServer:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id}", self.model)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/tokenizer_info", self.tokenizer_info)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/stats", self.stats)
@@ -108,15 +125,50 @@ class EngineServer:
         body = parse_request(await request.read(), CompletionRequest)
         adapter = self._adapter(body.model)
         prompt_ids = await asyncio.to_thread(completion_prompt_ids, body, self.tokenizer)
+        constraint = await asyncio.to_thread(self._constraint, body, None)
         shape = self._shape(adapter, chat=False, logprobs=body.logprobs)
-        return await self._generate(request, body, prompt_ids, shape, adapter)
+        if body.echo or body.prompt_logprobs is not None or body.requested_max_tokens == 0:
+            return await self._scored_completion(request, body, prompt_ids, shape, adapter, constraint)
+        return await self._generate(request, body, prompt_ids, shape, adapter, constraint)
+
+    async def _scored_completion(
+        self,
+        request: web.Request,
+        body: CompletionRequest,
+        prompt_ids: list[int],
+        shape: ResponseShape,
+        adapter: LoRARef | None,
+        constraint: Grammar | None,
+    ) -> web.Response:
+        """A completion that echoes or scores its prompt (``engine/logprobs_echo.py``); ``max_tokens`` 0 generates nothing."""
+        check_scored_request(body, len(prompt_ids), self.max_model_len)
+        top = scored_top(body)
+        scored = await self.engine.prompt_logprobs(prompt_ids, top, adapter) if top is not None else None
+        text = await asyncio.to_thread(prompt_text, body, prompt_ids, self._prompt_text)
+        echo = PromptEcho(body, text, prompt_ids, scored, self._token_text)
+        if body.requested_max_tokens == 0:
+            return json_response(echo.prompt_only(self._model_name(adapter)))
+        params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
+        params = dataclasses.replace(params, constraint=constraint)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, session_hint(body), adapter)
+        choices = [Choice() for _ in range(body.n)]
+        async with aclosing(outputs):
+            async for output in outputs:
+                choices[output.index].add(output)
+        return json_response(echo.apply(shape.whole(choices)))
+
+    def _prompt_text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ChatCompletionRequest)
+        refuse_chat_scoring(body)
         adapter = self._adapter(body.model)
+        tools = tool_mode(body)
         prompt_ids = await asyncio.to_thread(chat_prompt_ids, body, self.tokenizer)
-        shape = self._shape(adapter, chat=True, logprobs=body.num_logprobs)
-        return await self._generate(request, body, prompt_ids, shape, adapter)
+        constraint = await asyncio.to_thread(self._constraint, body, tools)
+        shape = self._shape(adapter, chat=True, logprobs=body.num_logprobs, tools=tools)
+        return await self._generate(request, body, prompt_ids, shape, adapter, constraint)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = parse_request(await request.read(), EmbeddingRequest)
@@ -129,20 +181,23 @@ class EngineServer:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ResponsesRequest)
         adapter = self._adapter(body.model)
+        tools = responses_tool_mode(body)
         prompt_ids = await asyncio.to_thread(responses_prompt_ids, body, self.tokenizer)
+        constraint = await asyncio.to_thread(responses_grammar, body, tools, self.grammars)
         params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
-        builder = ResponseBuilder(self._model_name(adapter), body)
+        params = dataclasses.replace(params, constraint=constraint)
+        builder = ResponseBuilder(self._model_name(adapter), body, tools)
         outputs = self._traced(request, prompt_ids, params, body.cache_salt, 1, adapter=adapter)
         async with aclosing(outputs):
             if body.stream:
-                return await self._stream_response(request, outputs, builder)
+                return await self._stream_response(request, outputs, ResponseStream(builder))
             text: list[str] = []
             final: RequestOutput | None = None
             async for output in outputs:
                 text.append(output.text)
                 final = output
             assert final is not None
-            return json_response(builder.response("".join(text), final))
+            return json_response(builder.response(builder.output_items("".join(text), final), final))
 
     async def _traced(
         self,
@@ -151,7 +206,7 @@ class EngineServer:
         params: SamplingParams,
         cache_salt: str | None,
         n: int,
-        session: str | None = None,
+        session: SessionHint | None = None,
         adapter: LoRARef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs; each finished sample also leaves its spans in the caller's trace."""
@@ -163,7 +218,8 @@ class EngineServer:
             self.max_model_len,
             self.tokenizer.eos_token_id,
             cache_salt,
-            session=session,
+            session=session.key if session else None,
+            session_ttl_s=session.ttl_s if session else None,
             n=n,
             adapter=adapter,
         )
@@ -180,9 +236,31 @@ class EngineServer:
         """The ``model`` a response reports: the adapter's name for an adapter request, as vLLM does."""
         return adapter.name if adapter is not None else self.served_model_name
 
-    def _shape(self, adapter: LoRARef | None, chat: bool, logprobs: int | None) -> ResponseShape:
+    def _shape(
+        self, adapter: LoRARef | None, chat: bool, logprobs: int | None, tools: ToolMode | None = None
+    ) -> ResponseShape:
         token_text = self._token_text if logprobs is not None else _no_token_text
-        return ResponseShape(self._model_name(adapter), chat, token_text, want_logprobs=logprobs is not None)
+        return ResponseShape(self._model_name(adapter), chat, token_text, logprobs is not None, tools)
+
+    def _constraint(self, body: CompletionRequest | ChatCompletionRequest, tools: ToolMode | None) -> Grammar | None:
+        """The grammar the answer must follow (structured outputs, a forced tool call), checked; runs off the loop."""
+        forced = tools is not None and tools.kind in ("named", "required")
+        if self.grammars is None:
+            fields = constraint_fields(body) + (["tool_choice"] if forced else [])
+            if fields:
+                raise bad_request(
+                    f"{fields[0]} needs constrained decoding, which this engine's runner (--sim) cannot do",
+                    fields[0],
+                    "unsupported_parameter",
+                )
+            return None
+        structured = requested_grammar(body, self.grammars)
+        tool = tool_grammar(tools, self.grammars) if tools is not None else None
+        if structured is not None and tool is not None:
+            raise bad_request(
+                f"a forced tool call cannot also follow {structured.param}: give one of them", "tool_choice"
+            )
+        return structured or tool
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -194,6 +272,30 @@ class EngineServer:
             self._model_card(module.name, str(module.path), self.served_model_name) for module in self.lora_modules
         ]
         return json_response({"object": "list", "data": [base, *adapters]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model object (``openai.models.retrieve``); an unknown id is a 404 in OpenAI's shape."""
+        model_id = request.match_info["model_id"]
+        adapter = check_model(model_id, self.served_model_name, self.adapters)
+        if adapter is None:
+            return json_response(self._model_card(self.served_model_name, self.model_root, None))
+        module = next(module for module in self.lora_modules if module.name == adapter.name)
+        return json_response(self._model_card(module.name, str(module.path), self.served_model_name))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize``: a prompt, or messages through the chat template (``normalize/tokenizer_api.py``)."""
+        body = parse_tokenize(parse_json(await request.read()))
+        self._adapter(body.model)
+        text = await asyncio.to_thread(tokenize_text, body, self.tokenizer)
+        return json_response(await asyncio.to_thread(tokenize_body, body, text, self.tokenizer, self.max_model_len))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = parse_detokenize(parse_json(await request.read()))
+        self._adapter(body.model)
+        return json_response(await asyncio.to_thread(detokenize_body, body, self.tokenizer))
+
+    async def tokenizer_info(self, request: web.Request) -> web.Response:
+        return json_response(await asyncio.to_thread(tokenizer_info, self.tokenizer))
 
     def _model_card(self, name: str, root: str, parent: str | None) -> dict[str, Any]:
         return {
@@ -226,9 +328,12 @@ class EngineServer:
         prompt_ids: list[int],
         shape: ResponseShape,
         adapter: LoRARef | None,
+        constraint: Grammar | None = None,
     ) -> web.StreamResponse:
         params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
-        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, body.kvgate_session, adapter)
+        if constraint is not None:
+            params = dataclasses.replace(params, constraint=constraint)
+        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, session_hint(body), adapter)
         async with aclosing(outputs):
             if body.stream:
                 return await self._stream(request, outputs, shape, body.n, body.include_usage)
@@ -252,8 +357,9 @@ class EngineServer:
         try:
             async for output in outputs:
                 if output.text or output.finished or output.logprobs is not None:
-                    await _send_event(response, shape.chunk(output, first=output.index not in started))
-                    started.add(output.index)
+                    for chunk in shape.chunks(output, first=output.index not in started):
+                        await _send_event(response, chunk)
+                        started.add(output.index)
                 if output.finished:
                     finals.append(output)
             if include_usage:
@@ -268,30 +374,27 @@ class EngineServer:
         return response
 
     async def _stream_response(
-        self, request: web.Request, outputs: AsyncIterator[RequestOutput], builder: ResponseBuilder
+        self, request: web.Request, outputs: AsyncIterator[RequestOutput], stream: ResponseStream
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        text: list[str] = []
         try:
-            for event in builder.opening_events():
+            for event in stream.opening():
                 await _send_named_event(response, event)
             async for output in outputs:
-                if output.text:
-                    text.append(output.text)
-                    await _send_named_event(response, builder.delta_event(output.text))
-                if output.finished:
-                    for event in builder.closing_events("".join(text), output):
-                        await _send_named_event(response, event)
+                for event in stream.feed(output):
+                    await _send_named_event(response, event)
         except EngineError as exc:
             await _send_named_event(response, {"type": "error", "message": str(exc), "code": "internal_error"})
         except ConnectionResetError:
-            log.debug("client of %s went away mid-stream", builder.response_id)
+            log.debug("client of %s went away mid-stream", stream.builder.response_id)
             return response
         await response.write_eof()
         return response
 
     async def _start_engine(self, app: web.Application) -> None:
+        if self.engine.runner.constrained_decoding:
+            self.grammars = await asyncio.to_thread(GrammarCompiler, self.tokenizer)
         self.engine.start(asyncio.get_running_loop())
         if self.load_publisher is not None:
             self.load_publisher.start()

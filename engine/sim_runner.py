@@ -16,6 +16,7 @@ well-formed, so that every endpoint can be exercised against it: logprobs are fi
 and penalties, logit bias and seeds do not change its (deterministic) output.
 """
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -100,7 +101,13 @@ SIM_PRESETS: dict[str, SimCosts] = {"smollm2-cpu": SMOLLM2_CPU, "instant": SimCo
 
 
 class SimRunner:
-    """Implements ``ModelRunner`` with ``SimCosts`` and a fixed cycle of word tokens."""
+    """Implements ``ModelRunner`` with ``SimCosts`` and a fixed cycle of word tokens.
+
+    It has no logits to mask, so it cannot follow a grammar: the engine's server refuses requests
+    that need one (``response_format`` json, vLLM's guided fields, a forced tool call) with a 400
+    naming the field, rather than answer them with unconstrained words."""
+
+    constrained_decoding = False
 
     def __init__(
         self,
@@ -146,6 +153,11 @@ class SimRunner:
         values = [((seed >> (index % 64)) & 0xFF) - 127.5 + index for index in range(SIM_EMBEDDING_DIM)]
         norm = math.sqrt(sum(value * value for value in values))
         return [value / norm for value in values]
+
+    def prompt_logprobs(self, token_ids: list[int], top: int, lora_id: int = 0) -> list[TokenLogprobs | None]:
+        """The fake logprobs of each prompt token after the first (rank 1: the simulator has no distribution)."""
+        fakes = [dataclasses.replace(self._fake_logprobs(token, top), rank=1) for token in token_ids[1:]]
+        return [None, *fakes]
 
     def _fake_logprobs(self, token: int, top: int) -> TokenLogprobs:
         alternatives = [token] + [other for other in self.word_token_ids if other != token]

@@ -11,8 +11,11 @@ from aiohttp.typedefs import Handler
 from pydantic import SecretStr
 
 from gateway import handler as endpoints
+from gateway import model_endpoints, tokenize_endpoints
 from gateway.admission.auth import admin_only
 from gateway.admission.status import admission_status
+from gateway.anthropic import endpoints as anthropic
+from gateway.anthropic.errors import anthropic_error_response
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError, error_response
 from gateway.observability.loop_lag import LoopLagMonitor
@@ -24,26 +27,34 @@ from protocol.tracing import configure_tracing, otlp_exporter
 log = logging.getLogger("kvgate.gateway")
 
 MAX_BODY_BYTES = 8 << 20
+ANTHROPIC_PATHS = "/v1/messages"
+"""Paths whose errors are Anthropic-shaped, whatever raised them."""
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error a client sees is OpenAI-shaped, including aiohttp's own (404, 405, 413), which
     are recorded as refusals (the endpoints record their own)."""
+    render = anthropic_error_response if request.path.startswith(ANTHROPIC_PATHS) else error_response
+    request_id = {"x-request-id": endpoints.client_request_id(request)}
     try:
         return await handler(request)
     except OpenAIError as error:
-        return error_response(error)
+        return render(error, request_id)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
-        refusal = OpenAIError(exc.status, exc.reason or exc.text or "error", code=code)
+        message = exc.reason or exc.text or "error"
+        if exc.status in (404, 405):
+            message = f"{message}: {request.method} {request.path}"
+        refusal = OpenAIError(exc.status, message, code=code)
         _record_refusal(request.config_dict.get(GATEWAY), refusal)
-        return error_response(refusal)
+        return render(refusal, request_id)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error"))
+        failure = OpenAIError(500, "internal gateway error", type_="server_error", code="internal_error")
+        return render(failure, request_id)
 
 
 def refusal_recorder(app: web.Application) -> Callable[[OpenAIError], None]:
@@ -79,7 +90,13 @@ def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.App
     app.router.add_post("/v1/completions", endpoints.completions)
     app.router.add_post("/v1/responses", endpoints.responses)
     app.router.add_post("/v1/embeddings", endpoints.embeddings)
+    app.router.add_post("/v1/messages", anthropic.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
     app.router.add_get("/v1/models", endpoints.list_models)
+    app.router.add_get("/v1/models/{model_id}", model_endpoints.retrieve_model)
+    app.router.add_post("/tokenize", tokenize_endpoints.tokenize)
+    app.router.add_post("/detokenize", tokenize_endpoints.detokenize)
+    app.router.add_get("/tokenizer_info", tokenize_endpoints.tokenizer_info_endpoint)
     app.router.add_get("/health", endpoints.health)
     app.add_subapp("/admin", admin_app())
     add_observability_routes(app)

@@ -4,6 +4,14 @@ import sys
 from collections.abc import Callable
 from importlib import import_module
 
+_EXTRA_OF_PACKAGE: dict[str, str] = {
+    "torch": "engine",
+    "accelerate": "engine",
+    "llguidance": "engine",
+    "matplotlib": "bench",
+}
+"""Packages that only kvgate's extras bring: `pip install kvgate` (the gateway alone) has none of them."""
+
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("gateway.supervisor", "start the engines listed in the config, then the gateway"),
     "gateway": ("gateway.server", "run the gateway alone, in front of the config's backends"),
@@ -30,8 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvgate: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, _ = _SUBCOMMANDS[args[0]]
-    command_main: Callable[[list[str]], int] = import_module(module_name).main
-    return command_main(args[1:])
+    try:
+        command_main: Callable[[list[str]], int] = import_module(module_name).main
+        return command_main(args[1:])
+    except ModuleNotFoundError as error:
+        extra = _EXTRA_OF_PACKAGE.get((error.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"kvgate {args[0]}: needs {error.name}, from pip install 'kvgate[{extra}]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

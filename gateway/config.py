@@ -5,6 +5,7 @@ An unknown key or a wrong type stops start-up with a message naming the key and 
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -78,6 +79,11 @@ class BackendSpec(ConfigSection):
     headers: dict[str, str] = {}
     """Extra headers sent upstream with every request: proxied ones, health checks, /v1/models, /stats, /metrics."""
 
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        return http_url(url)
+
     @field_validator("api_key", mode="before")
     @classmethod
     def _resolve_key(cls, key: object) -> object:
@@ -98,6 +104,18 @@ class BackendSpec(ConfigSection):
         """Headers every request to this replica carries: the extra ones, then the API key."""
         key = self.upstream_api_key()
         return {**self.headers, "Authorization": f"Bearer {key}"} if key else dict(self.headers)
+
+
+def http_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host (and a valid port); ValueError otherwise."""
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is not a number, or out of range
+        valid = False
+    if not valid:
+        raise ValueError(f"must be an http:// or https:// URL with a host, not {url!r}")
+    return url
 
 
 class HealthConfig(ConfigSection):
@@ -223,14 +241,26 @@ def parse_config(data: Any, source: str) -> KvgateConfig:
         raise ConfigError(f"invalid config {source}:\n" + "\n".join(problems)) from None
 
 
-def load_config(path: str | Path) -> KvgateConfig:
+def load_config(path: str | Path, whole_file: bool = False) -> KvgateConfig:
+    """Read, parse and validate ``path``. An empty or comment-only file is refused (it would be
+    every default: no backends, no tenants, no admin key). ``whole_file`` (reloads) also refuses a
+    file whose last line has no newline: a file cut off mid-write."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text") from None
+    if whole_file and text and not text.endswith("\n"):
+        raise ConfigError(
+            f"config {path} does not end with a newline, so it may have been cut off while being written; "
+            "the running config stays (add the final newline to reload it)"
+        )
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if data is None:
+        raise ConfigError(f"config {path} is empty (nothing but blanks or comments); refused")
     return parse_config(data, str(path))

@@ -4,11 +4,20 @@ Per request: the tenant's concurrency and token budget (429), then a place on a 
 has both a free concurrency slot and room for the request's KV blocks, waiting in the fair
 admission queue when none has; then the proxy call. A failure before the first byte reached
 the client counts against the replica's circuit breaker and is retried on another replica
-(bounded, with backoff); after the first byte it never is.
+(bounded, with backoff); after the first byte it never is. A replica that took the request but
+sent no first token within ``first_token_s`` is not retried elsewhere: the client gets 504 at
+once. The gateway cannot tell a stalled replica from a request that is slow by its own content
+(a long prompt, many samples); retrying the latter costs every replica the same prefill and the
+client ``first_token_s`` per replica, and the stalled replica is ejected by its breaker anyway.
 
 The tenant is charged what the request used however it ends: the engine's usage, or, when the
 client left mid-stream (the handler is cancelled), its prompt plus the token-bearing chunks it
-was sent. ``Forwarding.progress`` keeps the latest attempt readable for the request log then.
+was sent. A request whose prefill may have started is charged at least its prompt: once the
+gateway began forwarding it to a replica and its client left before any answer, once that
+replica timed out before a first token, or once a replica answered it 5xx (the engine took it;
+two such answers mean its content is the cause) (``Progress.prefill_started``). A request no
+replica could be reached for is not charged. ``Forwarding.progress`` keeps the latest attempt
+readable for the request log then.
 """
 
 import asyncio
@@ -19,16 +28,17 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.admission.forwarded_body import with_retention_hint
+from gateway.admission.forwarded_body import with_retention_hint, without_retention_hint
 from gateway.admission.held import HeldRequests
-from gateway.admission.kv_blocks import blocks_needed
+from gateway.admission.kv_blocks import blocks_needed, check_fits_some_replica
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
+from gateway.backends.answered_errors import AnsweredErrors
 from gateway.backends.pool import Backend, BackendPool
-from gateway.backends.proxy import ProxyCall, UpstreamFailed, UpstreamOutcome, forward
+from gateway.backends.proxy import ProxyCall, UpstreamAnswered, UpstreamFailed, UpstreamOutcome, forward
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
-from gateway.errors import service_unavailable
+from gateway.errors import OpenAIError, service_unavailable
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import Router
 from gateway.routing.types import Hold, RouteDecision, RouteRequest
@@ -49,6 +59,8 @@ class Dispatched:
     decision: RouteDecision
     queued_s: float = 0.0
     """Time spent waiting in the admission queue, over all attempts."""
+    charged_tokens: int | None = None
+    """Tokens charged to the tenant's budget, known once the request has ended."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,12 @@ class Progress:
     decision: RouteDecision | None = None
     outcome: UpstreamOutcome | None = None
     queued_s: float = 0.0
+    prefill_started: bool = False
+    """A replica may have prefilled the prompt: the client left while it was being forwarded, the
+    replica timed out before its first token, or it answered 5xx. The tenant is charged the prompt
+    at least."""
+    charged_tokens: int | None = None
+    """Tokens charged to the tenant's budget, set when the request ends however it ends."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,8 @@ class Forwarding:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     """Headers for the backend (the trace context); the replica's own (API key) are added per replica."""
     stream_format: str = "chat"
+    stream_response: Callable[..., web.StreamResponse] = web.StreamResponse
+    """Makes the client's streamed response (a front end's translates what the proxy writes)."""
 
 
 class Dispatcher:
@@ -112,16 +132,23 @@ class Dispatcher:
 
         ``priority`` is the request's admission class (higher leaves the queue first).
         """
+        capacities = [backend.kv_capacity_blocks for backend in self.pool.serving(request.model)]
+        check_fits_some_replica(request.model, request.prompt_tokens, request.max_tokens, self.block_size, capacities)
         async with tenant.charge(request.prompt_tokens + request.max_tokens) as charge:
+            progress = forwarding.progress
             try:
-                return await self._dispatch_with_retries(request, tenant, forwarding, priority)
+                dispatched = await self._dispatch_with_retries(request, tenant, forwarding, priority)
             finally:
-                charge.used = tokens_used(request, forwarding.progress.outcome, charge.taken)
+                charge.used = tokens_used(request, progress.outcome, charge.taken, progress.prefill_started)
+                progress.charged_tokens = charge.used
+            dispatched.charged_tokens = charge.used
+            return dispatched
 
     async def _dispatch_with_retries(
         self, request: RouteRequest, tenant: Tenant, forwarding: Forwarding, priority: int
     ) -> Dispatched:
         tried: set[str] = set()
+        answered = AnsweredErrors()
         queued_s = 0.0
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
@@ -133,6 +160,10 @@ class Dispatcher:
                     hold = placement.decision.hold
                     if hold is not None:
                         placement = await self._late_bind(request, tenant, tried, hold, priority)
+            except OpenAIError as exc:
+                if answered and exc.status == 503:
+                    raise answered.client_error() from None
+                raise
             finally:
                 queued_s += time.perf_counter() - waiting_since
                 forwarding.progress.queued_s = queued_s
@@ -149,9 +180,18 @@ class Dispatcher:
                 response, outcome = await self._forward(request, placement, decision, forwarding)
             except UpstreamFailed as exc:
                 log.warning("request %s failed on %s before any byte: %s", request.request_id, decision.backend, exc)
+                if isinstance(exc.__cause__, TimeoutError):
+                    forwarding.progress.prefill_started = True
+                    raise first_token_timeout(decision.backend, self.timeouts.first_token_s) from None
+                if isinstance(exc, UpstreamAnswered):
+                    forwarding.progress.prefill_started = True
+                    answered.add(placement.backend, exc)
                 tried.add(decision.backend)
                 continue
+            answered.served_elsewhere()
             return Dispatched(response, outcome, decision, queued_s)
+        if answered:
+            raise answered.client_error()
         raise service_unavailable(
             f"'{request.model}' failed on {len(tried)} replicas in a row; retry shortly", retry_after_s=1
         )
@@ -214,7 +254,7 @@ class Dispatcher:
                     url=f"{backend.spec.url}{forwarding.path}",
                     body=with_retention_hint(forwarding.body, retention_hint(request, decision))
                     if backend.takes_retention_hints
-                    else forwarding.body,
+                    else without_retention_hint(forwarding.body),
                     stream=forwarding.stream,
                     include_usage=forwarding.include_usage,
                     headers={**forwarding.headers, **decision_headers(decision)},
@@ -225,12 +265,18 @@ class Dispatcher:
                     on_sent=routed,
                     upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
                     stream_format=forwarding.stream_format,
-                    secret=backend.spec.upstream_api_key(),
+                    stream_response=forwarding.stream_response,
+                    redactor=backend.redactor,
                 )
                 forwarding.progress.decision, forwarding.progress.outcome = decision, call.outcome
-                response, outcome = await forward(call, forwarding.client_request)
-        except UpstreamFailed:
-            backend.breaker.record_failure()
+                try:
+                    response, outcome = await forward(call, forwarding.client_request)
+                except asyncio.CancelledError:
+                    forwarding.progress.prefill_started = True
+                    raise
+        except UpstreamFailed as exc:
+            if not isinstance(exc, UpstreamAnswered):
+                backend.breaker.record_failure()
             raise
         finally:
             routed()
@@ -267,12 +313,25 @@ def decision_headers(decision: RouteDecision) -> dict[str, str]:
     }
 
 
-def tokens_used(request: RouteRequest, outcome: UpstreamOutcome | None, taken: int) -> int:
+def first_token_timeout(backend: str, first_token_s: float) -> OpenAIError:
+    return OpenAIError(
+        504,
+        f"Replica '{backend}' sent no first token within {first_token_s:g} s; the request was not retried "
+        "elsewhere (a slow prompt would be as slow there). Retry later or reduce the prompt, n or max_tokens.",
+        type_="server_error",
+        code="upstream_timeout",
+    )
+
+
+def tokens_used(
+    request: RouteRequest, outcome: UpstreamOutcome | None, taken: int, prefill_started: bool = False
+) -> int:
     """What to charge: the backend's reported total; for an answer that ended early (the client
     left, the stream broke) the prompt plus the chunks relayed; all of ``taken`` for a finished
-    answer without usage; nothing when no backend started answering or it refused the request."""
+    answer without usage; the prompt when no answer came but a replica may have prefilled it
+    (``prefill_started``); nothing when no backend got the request or it refused it."""
     if outcome is None or outcome.first_token_at is None or outcome.status != 200:
-        return 0
+        return request.prompt_tokens if prefill_started else 0
     total = total_tokens(outcome.usage)
     if total is not None:
         return total

@@ -25,7 +25,10 @@ from gateway.admission.input_limits import check_input, check_raw_body
 from gateway.admission.tenants import Tenant
 from gateway.dispatch import Forwarding
 from gateway.errors import OpenAIError, bad_request, error_response
+from gateway.front_end import FrontEnd
 from gateway.openai_request import Endpoint, parse_request
+from gateway.routing.cache_keys import named_session
+from gateway.routing.retention_keys import client_session_key
 from gateway.routing.types import RouteRequest
 from gateway.served_model import ModelTarget
 from gateway.state import GATEWAY, Gateway
@@ -58,17 +61,24 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     return await handle_completion(request, Endpoint.EMBEDDINGS)
 
 
-async def handle_completion(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    """One request, under a `kvgate.request` span continuing the caller's trace when tracing is on."""
+async def handle_completion(
+    request: web.Request, endpoint: Endpoint, front: FrontEnd | None = None
+) -> web.StreamResponse:
+    """One request, under a `kvgate.request` span continuing the caller's trace when tracing is on.
+
+    ``front``: the protocol front end that translates the request and its answer (gateway/front_end.py);
+    None for OpenAI's API, which the core speaks."""
     if not tracing_enabled():
-        return await _handle(request, endpoint, None)
+        return await _handle(request, endpoint, None, front)
     with span("kvgate.request", context=remote_parent(request.headers), kind=otel.SpanKind.SERVER) as root:
         assert root is not None
         root.set_attribute("kvgate.endpoint", endpoint.value)
-        return await _handle(request, endpoint, root)
+        return await _handle(request, endpoint, root, front)
 
 
-async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | None) -> web.StreamResponse:
+async def _handle(
+    request: web.Request, endpoint: Endpoint, root: otel.Span | None, front: FrontEnd | None
+) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     request_id = client_request_id(request)
     trace = continue_trace(request.headers)
@@ -84,21 +94,32 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
             priority = tenant.priority(request.headers)
         async with tenant.hold_slot():
             with span("gateway.normalize"):
-                parsed = parse_request(await read_json(request, gateway), endpoint)
+                received = await read_json(request, gateway)
+                parsed = front.parse(received) if front else parse_request(received, endpoint)
                 stream = parsed.stream
                 check_input(parsed.body, gateway.config.limits)
                 target = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters())
                 model = target.served
                 cache_salt = tenant.cache_salt(parsed.cache_salt)
-                normalized = model.normalizer.apply(parsed.body, responses=endpoint is Endpoint.RESPONSES)
+                normalized = await model.normalizer.apply_async(parsed.body, responses=endpoint is Endpoint.RESPONSES)
+                session = named_session(
+                    partial(header_text, request), gateway.config.routing.session_headers, parsed.body, parsed.user
+                )
             check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
             with span("gateway.tokenize"):
                 async with gateway.tokenize_slots.hold(tenant.name):
                     prompts = await model.token_ids(normalized.body, parsed, cache_salt, check_bound)
+                    if front:
+                        await front.prompt_known(model, normalized.body, cache_salt, prompts[0].ids)
             prompt_tokens = sum(len(prompt.ids) for prompt in prompts)
             if parsed.generates:
                 grant = gateway.limits.check(
-                    model.name, tenant.caps, prompt_tokens, parsed.max_tokens, gateway.default_max_tokens(endpoint)
+                    model.name,
+                    tenant.caps,
+                    prompt_tokens,
+                    parsed.max_tokens,
+                    gateway.default_max_tokens(endpoint),
+                    parsed.n,
                 )
                 body = forwarded_body(normalized.body, grant, cache_salt, _LIMIT_KEYS.get(endpoint, "max_tokens"))
                 hashes = model.hash_memo.block_hashes(
@@ -115,10 +136,12 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
                 block_hashes=hashes,
                 prompt_tokens=prompt_tokens,
                 max_tokens=output_tokens,
-                session_key=header_text(request, "x-session-id") or parsed.user,
+                session_key=client_session_key(tenant.name, cache_salt, session.key if session else None),
+                session_source=session.source if session else None,
                 cache_salt=cache_salt,
                 token_ids=prompts[0].ids,
                 adapter=target.adapter,
+                tenant=tenant.name,
             )
             forwarding = Forwarding(
                 path=endpoint.value,
@@ -129,11 +152,15 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
                 client_request=request,
                 upstream_headers=trace.headers(),
                 stream_format="responses" if endpoint is Endpoint.RESPONSES else "chat",
+                stream_response=front.stream_response if front else web.StreamResponse,
             )
             dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding, priority)
     except OpenAIError as error:
-        gateway.telemetry.observe_rejection(request_id, error, tenant.name if tenant else None, started, trace_id)
-        return error_response(error, {"x-request-id": request_id})
+        charged = forwarding.progress.charged_tokens if forwarding else None
+        gateway.telemetry.observe_rejection(
+            request_id, error, tenant.name if tenant else None, started, trace_id, charged
+        )
+        return (front.error_response if front else error_response)(error, {"x-request-id": request_id})
     except asyncio.CancelledError:
         progress = forwarding.progress if forwarding else None
         tenant_name = tenant.name if tenant else None
@@ -142,7 +169,7 @@ async def _handle(request: web.Request, endpoint: Endpoint, root: otel.Span | No
     gateway.telemetry.observe_completion(
         request_id, route_request, model, normalized, parsed.stream, dispatched, tenant.name, started, trace_id
     )
-    return dispatched.response
+    return front.finish(dispatched.response) if front else dispatched.response
 
 
 def _named_upstream(body: dict[str, Any], target: ModelTarget) -> dict[str, Any]:
@@ -210,7 +237,7 @@ async def list_models(request: web.Request) -> web.Response:
     """Served models, the LoRA adapters backends declare or list, and the aliases."""
     gateway: Gateway = request.app[GATEWAY]
     gateway.tenants.authenticate(request)
-    data = gateway.models.listing(gateway.pool.reported_adapters())
+    data = gateway.models.listing(gateway.pool.reported_adapters(), gateway.pool.context_length)
     return web.json_response({"object": "list", "data": data}, dumps=lambda value: orjson.dumps(value).decode())
 
 

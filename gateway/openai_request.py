@@ -19,6 +19,7 @@ from protocol.openai import (
     validate,
 )
 from protocol.openai_errors import bad_request
+from protocol.sampling_bounds import check_sampling_bounds
 from radix.hashing import TOKEN_ID_LIMIT
 
 
@@ -52,6 +53,7 @@ class ParsedRequest:
     max_tokens: int | None
     """The client's limit per sample (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``)."""
     n: int
+    """Sequences generated per prompt: ``n``, or a completions request's larger ``best_of``."""
     user: str | None
     cache_salt: str | None
 
@@ -71,7 +73,10 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
     n = 1
     if isinstance(parsed, (ChatCompletionRequest, CompletionRequest)):
         stream, include_usage, n = parsed.stream, parsed.include_usage, parsed.n
+        if isinstance(parsed, CompletionRequest):
+            n = parsed.samples
         max_tokens = parsed.requested_max_tokens
+        check_sampling_bounds(parsed.stop, parsed.logit_bias)
     elif isinstance(parsed, ResponsesRequest):
         stream, max_tokens = parsed.stream, parsed.max_output_tokens
     if isinstance(parsed, (CompletionRequest, EmbeddingRequest)):

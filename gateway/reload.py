@@ -3,6 +3,12 @@
 The new file is validated whole before anything changes; a broken one is refused with its
 error and the running config stays. What applying it changes is `Gateway.apply`'s job. In-flight
 and queued requests are never dropped.
+
+A file that is empty, comment-only or cut off mid-write (no final newline) is always refused. A
+valid file that would remove every backend or turn authentication off (no tenants where there
+were some, no admin key where there was one) is refused too, unless the reload says so
+explicitly: `POST /admin/reload?allow=no_backends,no_auth`. SIGHUP carries no such flag, so a
+half-written file can never open the gateway through it (``reload_guard.py``).
 """
 
 import asyncio
@@ -14,6 +20,7 @@ from aiohttp import web
 
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.errors import OpenAIError
+from gateway.reload_guard import ReloadAllowance, UnsafeReload, check_safe, parse_allowance
 from gateway.state import GATEWAY, Gateway
 
 log = logging.getLogger("kvgate.reload")
@@ -24,23 +31,29 @@ _one_at_a_time = asyncio.Lock()
 _signal_reloads: set[asyncio.Task] = set()
 
 
-async def reload_config(gateway: Gateway, path: Path) -> KvgateConfig:
-    """Load ``path`` and apply it to the running gateway; ConfigError leaves everything as it was."""
+async def reload_config(gateway: Gateway, path: Path, allow: ReloadAllowance = frozenset()) -> KvgateConfig:
+    """Load ``path`` and apply it to the running gateway; ConfigError (UnsafeReload included)
+    leaves everything as it was."""
     async with _one_at_a_time:
-        config = load_config(path)
+        config = load_config(path, whole_file=True)
+        check_safe(gateway.config, config, str(path), allow)
         await gateway.apply(config, str(path))
     log.info("config %s reloaded: %d backends, %d tenants", path, len(config.backends), len(config.tenants))
     return config
 
 
 async def reload_endpoint(request: web.Request) -> web.Response:
-    """`POST /admin/reload`: 200 with the backends now configured, or 400 with the config's error."""
+    """`POST /admin/reload[?allow=...]`: 200 with the backends now configured, or 400 with the
+    config's error (`invalid_config`) or what it would have turned off (`unsafe_reload`)."""
     gateway = request.config_dict[GATEWAY]
     path = request.config_dict.get(CONFIG_PATH)
     if path is None:
         raise OpenAIError(409, "This gateway was not started from a config file.", code="no_config_file")
+    allow = parse_allowance(request.query.getall("allow", []))
     try:
-        config = await reload_config(gateway, path)
+        config = await reload_config(gateway, path, allow)
+    except UnsafeReload as exc:
+        raise OpenAIError(400, str(exc), param="allow", code="unsafe_reload") from None
     except ConfigError as exc:
         raise OpenAIError(400, str(exc), code="invalid_config") from None
     body = {"status": "reloaded", "backends": [backend.name for backend in config.backends]}

@@ -7,6 +7,7 @@ backend declares (`adapters:`) or lists in its /v1/models; the registry resolves
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from normalize.model_files import ModelNotFoundError
 from normalize.normalizer import Normalizer
 from normalize.segment_tokenizer import EncodedPrompt, SegmentTokenizer
 from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
-from protocol.openai import ResponsesRequest, responses_messages, validate
+from protocol.openai import ResponsesRequest, responses_chat_tools, responses_messages, validate
 
 log = logging.getLogger("kvgate.models")
 
@@ -80,14 +81,16 @@ class ServedModel:
         ``check_bound`` gets a lower bound on the count first and raises to refuse a prompt that
         cannot fit, before the tokenizer runs; ``salt`` keeps cached segments per isolation domain.
         A Responses request is rendered as chat messages (``instructions`` first) through the chat
-        template, as the backend renders it: from ``body``, normalized as chat messages are. Several completion prompts count together toward the
+        template, as the backend renders it: from ``body``, normalized as chat messages are, with its
+        function tools in chat's shape. Several completion prompts count together toward the
         bound; embedding inputs each on their own (the context applies per input).
         """
         if request.endpoint is Endpoint.CHAT:
             return [await self._chat_ids(body["messages"], body.get("tools"), salt, check_bound, "messages")]
         if isinstance(request.parsed, ResponsesRequest):
             messages = responses_messages(_as_forwarded(request.parsed, request.body, body))
-            return [await self._chat_ids(messages, None, salt, check_bound, "input")]
+            tools = responses_chat_tools(body.get("tools"))
+            return [await self._chat_ids(messages, tools, salt, check_bound, "input")]
         cumulative = request.endpoint is Endpoint.COMPLETIONS
         prompts: list[EncodedPrompt] = []
         counted = 0
@@ -172,6 +175,8 @@ class ModelRegistry:
         self.aliases = aliases or {}
         self.adapters = adapters or {}
         """Adapter name -> the served model it adapts."""
+        self.created = int(time.time())
+        """The ``created`` of every model object: when this config was loaded (stable between loads)."""
 
     @classmethod
     def from_config(cls, config: KvgateConfig) -> "ModelRegistry":
@@ -200,10 +205,24 @@ class ModelRegistry:
     def get(self, name: str) -> ServedModel:
         return self.resolve(name).served
 
-    def listing(self, reported_adapters: dict[str, str]) -> list[dict[str, Any]]:
-        """`/v1/models` entries: served models, then adapters (with their `parent`), then aliases."""
-        entries = [{"id": name, "parent": None} for name in self.models]
+    def listing(
+        self, reported_adapters: dict[str, str], context_length: Callable[[str], int | None] = lambda _: None
+    ) -> list[dict[str, Any]]:
+        """`/v1/models` entries: served models, then adapters (with their `parent`), then aliases; each
+        with its `root` (the model it runs on) and the `max_model_len` its replicas report (None: unknown)."""
+        entries: list[dict[str, Any]] = [{"id": name, "root": name, "parent": None} for name in self.models]
         adapters = {**reported_adapters, **self.adapters}
-        entries += [{"id": adapter, "parent": base} for adapter, base in sorted(adapters.items())]
-        entries += [{"id": alias, "parent": None, "alias_of": target} for alias, target in self.aliases.items()]
-        return [{**entry, "object": "model", "created": 0, "owned_by": "kvgate"} for entry in entries]
+        entries += [{"id": adapter, "root": base, "parent": base} for adapter, base in sorted(adapters.items())]
+        entries += [
+            {"id": alias, "root": target, "parent": None, "alias_of": target} for alias, target in self.aliases.items()
+        ]
+        return [
+            {
+                **entry,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "kvgate",
+                "max_model_len": context_length(entry["root"]),
+            }
+            for entry in entries
+        ]

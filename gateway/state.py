@@ -15,6 +15,7 @@ from aiohttp import web
 from gateway.admission.caps import RequestCaps
 from gateway.admission.limiter import LimiterCollector, TenantLimiter
 from gateway.admission.local_limiter import LocalLimiter
+from gateway.admission.parent_limiter import ParentLimiter
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.redis_limiter import RedisLimiter
 from gateway.admission.tenants import TenantRegistry
@@ -27,6 +28,7 @@ from gateway.observability.telemetry import Telemetry
 from gateway.openai_request import Endpoint
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.served_model import ModelRegistry
+from gateway.workers.identity import WorkerIdentity
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -99,6 +101,7 @@ class Gateway:
         self.limits = RequestCaps(config.limits, self.pool.context_length)
         self.queue.configure(config.limits.max_queue, config.limits.queue_timeout_s)
         self.dispatcher.timeouts = config.timeouts
+        self.telemetry.pricing = config.observability.pricing
         await self.pool.update(backend_specs(config), config.health, self.session)
 
     def default_max_tokens(self, endpoint: Endpoint) -> int:
@@ -129,8 +132,12 @@ class Gateway:
 
 
 def tenant_limiter(config: KvgateConfig) -> TenantLimiter:
-    """Where tenant caps are counted: Redis shared by every gateway when configured, else this process."""
-    return RedisLimiter(config.shared_state) if config.shared_state else LocalLimiter()
+    """Where tenant caps are counted: Redis shared by every gateway when configured, else the parent
+    of this worker's siblings, else this process."""
+    if config.shared_state:
+        return RedisLimiter(config.shared_state)
+    worker = WorkerIdentity.from_env()
+    return ParentLimiter(worker.limits_socket, worker.count) if worker is not None else LocalLimiter()
 
 
 def backend_specs(config: KvgateConfig) -> list[tuple[BackendSpec, str]]:

@@ -14,10 +14,15 @@ Only a tokenizer whose whole pipeline is exactly that (no normalizer, a ``ByteLe
 pre-tokenizer with GPT-2's regex and no prefix space, a BPE model without dropout, every added
 token split off before this runs) qualifies, and only after a self-test at load time that
 compares it with the tokenizer on every ASCII character in several contexts.
+
+Only the vocabulary's words are shared by every request. A word learned from a request is kept
+for the requests of the same isolation domain (its cache salt) alone: a hit is faster than a
+miss, so a shared word would tell another tenant which words an isolated tenant sent.
 """
 
 import json
 import re
+from collections import OrderedDict
 from itertools import chain
 
 from tokenizers import Tokenizer
@@ -35,8 +40,10 @@ ASCII_WORDS = re.compile(
 
 MAX_CACHED_WORD_CHARS = 64
 """Longer words (runs of punctuation or spaces, say) are tokenized each time, not cached."""
-MAX_CACHED_WORDS = 200_000
-"""The cache is emptied when it holds this many words (~40 MB); common words return at once."""
+MAX_DOMAIN_WORDS = 25_000
+"""A domain's learned words are emptied when they reach this many (~5 MB); vocabulary words stay."""
+MAX_DOMAINS = 8
+"""Isolation domains with learned words; the one used least recently is dropped for a new one."""
 
 _SELF_TEST_CONTEXTS = ("{c}", "a{c}b", "a{c}{c}b", " {c} ", "1{c}{c}{c}", "{c}  x", "'{c}s", "{c}\n\n", "x.{c}'ll")
 
@@ -66,8 +73,11 @@ class ByteLevelWords:
             {code: tokenizer.pre_tokenizer.pre_tokenize_str(chr(code))[0][0] for code in range(128)}
         )
         """ASCII character -> the character the byte-level alphabet spells it with."""
-        self._ids: dict[str, tuple[int, ...]] = {}
-        """Tuples: the garbage collector stops tracking tuples of ints, so a full cache costs no GC scans."""
+        self._vocabulary: dict[str, tuple[int, ...]] = {}
+        """Ids of the vocabulary's ASCII words, the same for every request. Tuples: the garbage
+        collector stops tracking tuples of ints, so full caches cost no GC scans."""
+        self._learned: OrderedDict[str | None, dict[str, tuple[int, ...]]] = OrderedDict()
+        """Per isolation domain (cache salt; None: requests with none), the other words it has sent."""
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, added_tokens_split: bool) -> "ByteLevelWords | None":
@@ -82,32 +92,52 @@ class ByteLevelWords:
         for probe in probes:
             if words.encode(probe) != tokenizer.encode(probe, add_special_tokens=False).ids:
                 return None
-        words._ids.clear()
+        words._learned.clear()
         words._learn_vocabulary(tokenizer)
         return words
 
     def _learn_vocabulary(self, tokenizer: Tokenizer) -> None:
         """Caches the ids of every vocabulary entry that spells one whole ASCII word, through
-        ``_word_ids`` like any word (BPE does not always give such a word its own entry)."""
+        ``_bpe`` like any word (BPE does not always give such a word its own entry)."""
         ascii_of = str.maketrans({char: chr(code) for code, char in self._byte_chars.items()})
         for entry in tokenizer.get_vocab(with_added_tokens=False):
             word = entry.translate(ascii_of)
             if word.isascii() and ASCII_WORDS.findall(word) == [word]:
-                self._word_ids(word)
+                self._vocabulary[word] = self._bpe(word)
 
-    def encode(self, text: str) -> list[int] | None:
-        """The token ids of ``text``; None when it is not ASCII (the caller tokenizes it whole)."""
+    def encode(self, text: str, salt: str | None = None) -> list[int] | None:
+        """The token ids of ``text``; None when it is not ASCII (the caller tokenizes it whole).
+        ``salt``: the request's isolation domain, the only one whose learned words it may use."""
         if not text.isascii():
             return None
-        ids_of = self._ids
+        vocabulary = self._vocabulary
+        learned = self._domain(salt)
         return list(
-            chain.from_iterable([ids_of.get(word) or self._word_ids(word) for word in ASCII_WORDS.findall(text)])
+            chain.from_iterable(
+                [
+                    vocabulary.get(word) or learned.get(word) or self._learn(word, learned)
+                    for word in ASCII_WORDS.findall(text)
+                ]
+            )
         )
 
-    def _word_ids(self, word: str) -> tuple[int, ...]:
-        ids = tuple([token.id for token in self._model.tokenize(word.translate(self._byte_chars))])
+    def _domain(self, salt: str | None) -> dict[str, tuple[int, ...]]:
+        learned = self._learned.get(salt)
+        if learned is None:
+            if len(self._learned) >= MAX_DOMAINS:
+                self._learned.popitem(last=False)
+            learned = self._learned[salt] = {}
+        else:
+            self._learned.move_to_end(salt)
+        return learned
+
+    def _learn(self, word: str, learned: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        ids = self._bpe(word)
         if len(word) <= MAX_CACHED_WORD_CHARS:
-            if len(self._ids) >= MAX_CACHED_WORDS:
-                self._ids.clear()
-            self._ids[word] = ids
+            if len(learned) >= MAX_DOMAIN_WORDS:
+                learned.clear()
+            learned[word] = ids
         return ids
+
+    def _bpe(self, word: str) -> tuple[int, ...]:
+        return tuple([token.id for token in self._model.tokenize(word.translate(self._byte_chars))])

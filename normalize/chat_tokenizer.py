@@ -19,6 +19,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from normalize.model_files import resolve_model, tokenizer_dir
+from normalize.tool_prompt import template_reads_tools, with_tools_rendered
 
 
 class TemplateError(ValueError):
@@ -83,7 +84,10 @@ class ChatTokenizer:
         tools: Sequence[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text the model sees for these messages."""
+        """The prompt text the model sees for these messages (tools in the system message when the
+        template does not render them: ``normalize.tool_prompt``)."""
+        if not template_reads_tools(self.chat_template):
+            messages, tools = with_tools_rendered(messages, tools), None
         try:
             return self._template.render(
                 messages=[_flatten_content(message) for message in messages],

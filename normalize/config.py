@@ -5,8 +5,7 @@ change a prompt's meaning (Unicode form, line endings, invisible characters, whi
 and message ends, JSON key order of tool definitions); the rest is opt-in.
 """
 
-import re
-
+import regex
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from normalize.volatile_spans import PRESETS
@@ -48,8 +47,8 @@ class VolatilePattern(BaseModel):
     @classmethod
     def _compiles(cls, pattern: str) -> str:
         try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
+            compiled = regex.compile(pattern)
+        except regex.error as exc:
             raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
         if compiled.match(""):
             raise ValueError(f"regex {pattern!r} matches the empty string")

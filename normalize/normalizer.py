@@ -8,6 +8,7 @@ is a user message). Everything else, ``cache_salt`` included, is forwarded as se
 body is never mutated; unchanged messages are shared with it.
 """
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,11 @@ RULE_ORDER = (*_EARLY_RULES, "volatile_spans", *_LATE_RULES, "strip_message", "c
 """Every rule name, in the order the rules run and are reported."""
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 """Content part types that carry text: chat's ``text``, the Responses API's input and output text."""
+OFFLOAD_CHARS = 32_768
+"""A body with more text than this (or more than ``OFFLOAD_TOOLS`` tools) is normalized on a worker
+thread by ``apply_async``: the rules run in slices there (normalize/nfc.py, the volatile-span regex
+lets go of the GIL), so the event loop keeps running while they work."""
+OFFLOAD_TOOLS = 32
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,12 @@ class Normalizer:
         if responses:
             self._responses(body, canonical, changed)
         return NormalizedRequest(canonical, [name for name in RULE_ORDER if name in changed])
+
+    async def apply_async(self, body: dict[str, Any], *, responses: bool = False) -> NormalizedRequest:
+        """``apply``, on a worker thread when the body is large."""
+        if self.config.enabled and _is_large(body):
+            return await asyncio.to_thread(self.apply, body, responses=responses)
+        return self.apply(body, responses=responses)
 
     def _responses(self, body: dict[str, Any], canonical: dict[str, Any], changed: set[str]) -> None:
         """A Responses body's ``instructions`` and ``input``, as the chat messages they are rendered as;
@@ -157,6 +169,35 @@ class Normalizer:
                 canonical = ordered
                 changed.add("sort_tools")
         return canonical
+
+
+def _is_large(body: dict[str, Any]) -> bool:
+    """Whether the texts the rules may touch are longer than ``OFFLOAD_CHARS`` together (or the tools many)."""
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > OFFLOAD_TOOLS:
+        return True
+    chars = 0
+    for key in ("instructions", "input", "prompt"):
+        chars += _text_chars(body.get(key))
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars += sum(_text_chars(message.get("content")) for message in messages if isinstance(message, dict))
+    return chars > OFFLOAD_CHARS
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of a text, of text parts, or of message items (one level: what the rules read)."""
+    if isinstance(value, str):
+        return len(value)
+    if not isinstance(value, list):
+        return 0
+    chars = 0
+    for item in value:
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, dict):
+            chars += _text_chars(item.get("text", item.get("content")))
+    return chars
 
 
 def _applied(name: str, rule: Callable[[str], str], text: str, changed: set[str]) -> str:

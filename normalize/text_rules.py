@@ -6,8 +6,9 @@ meaning (U+200C/U+200D in emoji sequences and Indic or Persian script) are kept.
 """
 
 import re
-import unicodedata
 from collections.abc import Callable
+
+from normalize.nfc import to_nfc
 
 TextRule = Callable[[str], str]
 
@@ -21,10 +22,6 @@ def remove_invisible_chars(text: str) -> str:
     if any(char in text for char in _INVISIBLE):
         return _INVISIBLE_RE.sub("", text)
     return text
-
-
-def to_nfc(text: str) -> str:
-    return text if unicodedata.is_normalized("NFC", text) else unicodedata.normalize("NFC", text)
 
 
 def unify_line_endings(text: str) -> str:

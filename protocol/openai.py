@@ -8,7 +8,7 @@ length and vocabulary) stays on that side.
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from protocol.openai_errors import OpenAIError, bad_request
 
@@ -26,6 +26,29 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: the schema the answer must match (``strict`` or not, it is enforced)."""
+
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one of these constrains the output."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
 
 
 class GenerationRequest(_Strict):
@@ -51,6 +74,17 @@ class GenerationRequest(_Strict):
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     kvgate_session: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     """The client's session key, forwarded by the gateway: a retention hint (engine/session_retention.py)."""
+    kvgate_session_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """How long the session's turn is retained (the gateway's reading of ``prompt_cache_retention`` or
+    Anthropic's ``cache_control.ttl``); None: the engine's ``--session-ttl-s``."""
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    """OpenAI's: ``in_memory`` is the engine's session TTL, ``24h`` a 24 h one (engine/session_hint.py)."""
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    """vLLM's older names for ``structured_outputs``' json, regex and choice."""
 
     @property
     def include_usage(self) -> bool:
@@ -68,8 +102,19 @@ class GenerationRequest(_Strict):
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    """0 only scores the prompt (with ``echo`` or ``prompt_logprobs``: lm-eval's loglikelihood), as in vLLM."""
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    """vLLM's: each prompt token's logprob with this many alternatives, in ``choices[i].prompt_logprobs``."""
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    """Sequences generated server-side, of which ``n`` are returned (legacy OpenAI, vLLM)."""
+
+    @property
+    def samples(self) -> int:
+        """Sequences the backend may generate: ``n``, or ``best_of`` when larger."""
+        return max(self.n, self.best_of or 1)
 
     @property
     def num_logprobs(self) -> int | None:
@@ -89,9 +134,22 @@ class ChatMessage(_Strict):
     content: str | list[ContentPart] | None = None
 
 
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
@@ -114,18 +172,61 @@ class ResponseInputPart(_Strict):
 
 
 class ResponseInputMessage(_Strict):
-    """A message item of ``input``; items of other types (function calls, images) are refused."""
+    """A message item of ``input`` (text parts only; images and files are refused)."""
 
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ResponseInputPart]
 
 
+class ResponseFunctionCall(_Strict):
+    """A ``function_call`` item: a call the model made earlier in the conversation."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ResponseFunctionCallOutput(_Strict):
+    """A ``function_call_output`` item: the result of the call with ``call_id``."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ResponseInputPart]
+
+
+def _item_type(item: Any) -> str:
+    return item.get("type", "message") if isinstance(item, dict) else "message"
+
+
+ResponseInputItem = Annotated[
+    Annotated[ResponseInputMessage, Tag("message")]
+    | Annotated[ResponseFunctionCall, Tag("function_call")]
+    | Annotated[ResponseFunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class ResponseTextFormat(_Strict):
+    """``text.format``: free text, any JSON object, or JSON valid against ``schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseText(_Strict):
+    format: ResponseTextFormat | None = None
+
+
 class ResponsesRequest(_Strict):
-    """``POST /v1/responses`` for text in and text out."""
+    """``POST /v1/responses``: text in, text or function calls out."""
 
     model: str | None = None
-    input: Annotated[str, Field(min_length=1)] | Annotated[list[ResponseInputMessage], Field(min_length=1)]
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[ResponseInputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: Annotated[int, Field(gt=0)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
@@ -134,6 +235,11 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = None
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    """Responses' flat tools (``{"type": "function", "name", "parameters"}``); see ``responses_chat_tools``."""
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: ResponseText | None = None
 
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -201,6 +307,30 @@ def responses_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": request.instructions})
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
-    else:
-        messages.extend({"role": item.role, "content": text_of(item.content)} for item in request.input)
+        return messages
+    for item in request.input:
+        if isinstance(item, ResponseFunctionCall):
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, ResponseFunctionCallOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text_of(item.output)})
+        else:
+            messages.append({"role": item.role, "content": text_of(item.content)})
     return messages
+
+
+def responses_chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """A Responses request's function tools in chat's shape (``{"type": "function", "function": {...}}``),
+    as gateway and engine both render them; other tool types are left out (an engine refuses them)."""
+    if not isinstance(tools, list):
+        return None
+    functions = [tool for tool in tools if isinstance(tool, dict) and tool.get("type") == "function"]
+    rendered = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in functions]
+    return rendered or None

@@ -2,7 +2,9 @@
 
 ``traceparent`` is ``00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>``. A hop keeps
 the trace id and flags and names itself as the new parent; a missing or malformed header
-starts a new, sampled trace. ``tracestate`` is passed on unchanged.
+starts a new, sampled trace. ``tracestate`` is passed on when it is valid W3C ``tracestate``
+(printable ASCII list members, at most 512 characters) and dropped otherwise, as the spec asks:
+a client's header bytes that are not ASCII must never reach a backend's request head.
 """
 
 import re
@@ -10,9 +12,14 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from opentelemetry.trace.span import TraceState
+
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _INVALID_TRACE_ID = "0" * 32
 _INVALID_SPAN_ID = "0" * 16
+_MAX_TRACESTATE_CHARS = 512
+"""W3C: a vendor must propagate at least 512 characters and may drop a longer ``tracestate``."""
+_VISIBLE_ASCII = re.compile(r"[\x20-\x7e]*")
 
 
 @dataclass(frozen=True)
@@ -43,4 +50,16 @@ def continue_trace(headers: Mapping[str, str]) -> TraceContext:
     span_id = secrets.token_hex(8)
     if match is None or match[1] == "ff" or match[2] == _INVALID_TRACE_ID or match[3] == _INVALID_SPAN_ID:
         return TraceContext(secrets.token_hex(16), span_id, None, "01")
-    return TraceContext(match[2], span_id, match[3], match[4], headers.get("tracestate") or None)
+    return TraceContext(match[2], span_id, match[3], match[4], valid_tracestate(headers.get("tracestate")))
+
+
+def valid_tracestate(value: str | None) -> str | None:
+    """``value`` in canonical W3C form, or None when it is absent, too long or not valid ``tracestate``."""
+    if not value or len(value) > _MAX_TRACESTATE_CHARS or not is_visible_ascii(value):
+        return None
+    return TraceState.from_header([value]).to_header() or None
+
+
+def is_visible_ascii(value: str) -> bool:
+    """Whether ``value`` is printable ASCII only: safe to put in a request head and a log line as is."""
+    return _VISIBLE_ASCII.fullmatch(value) is not None

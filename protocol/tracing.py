@@ -16,6 +16,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
+from protocol.trace_context import is_visible_ascii
+
 TRACER_NAME = "kvgate"
 
 
@@ -63,9 +65,21 @@ def span(name: str, **options: Any) -> AbstractContextManager[trace.Span | None]
     return tracer().start_as_current_span(name, **options) if _enabled else nullcontext()
 
 
+_PROPAGATION_HEADERS = ("traceparent", "tracestate", "baggage")
+_MAX_PROPAGATION_CHARS = 8192
+"""W3C baggage allows 8,192 bytes; trace headers are far shorter."""
+
+
 def remote_parent(headers: Mapping[str, str]) -> context.Context:
-    """The context a caller's ``traceparent`` / ``tracestate`` headers describe (empty when absent)."""
-    return propagate.extract(dict(headers))
+    """The context a caller's ``traceparent`` / ``tracestate`` / ``baggage`` headers describe (empty
+    when absent). A header that is not printable ASCII is ignored: OpenTelemetry's propagators
+    raise on bytes that are not UTF-8, and what they extract is injected into the next hop's head."""
+    carrier = {}
+    for name in _PROPAGATION_HEADERS:
+        value = headers.get(name)
+        if value is not None and len(value) <= _MAX_PROPAGATION_CHARS and is_visible_ascii(value):
+            carrier[name] = value
+    return propagate.extract(carrier)
 
 
 def inject_current(headers: dict[str, Any]) -> dict[str, Any]:

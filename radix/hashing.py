@@ -2,15 +2,18 @@
 
 A prompt is cut into blocks of ``block_size`` tokens; only full blocks are hashed. Each block's
 hash is a 128-bit xxh3 over its parent's hash and its token ids, so a hash names the whole
-prefix up to and including that block. The root is seeded by the model name and the cache salt,
-so two tenants with isolated caches (different salts) never share a hash. A LoRA adapter name
+prefix up to and including that block. The root (a 128-bit BLAKE2b of the structured fields) is
+seeded by the model name and the cache salt, so two tenants with isolated caches (different
+salts) never share a hash. A LoRA adapter name
 seeds the root too, so an adapter's blocks never match the base model's or another adapter's
 (vLLM mixes the adapter into its block hashes the same way).
 """
 
+import hashlib
 from array import array
 from collections.abc import Sequence
 
+import msgspec
 import xxhash
 
 BlockHash = int
@@ -24,12 +27,26 @@ the hashing functions raise ``OverflowError`` on any other. Client-supplied ids 
 against this bound when a request is parsed."""
 
 
+_ROOT_VERSION = b"kvgate-root-v2"
+
+
+def _field(text: str | None) -> bytes | None:
+    """One root field as bytes; an absent or empty field is None. ``surrogatepass`` keeps every
+    ``str`` encodable, and distinct strings stay distinct bytes."""
+    return text.encode("utf-8", "surrogatepass") if text else None
+
+
 def root_hash(model: str, cache_salt: str | None = None, adapter: str | None = None) -> BlockHash:
-    """The parent hash of a prompt's first block."""
-    seed_text = f"kvgate-v1\x00{model}\x00{cache_salt or ''}"
-    if adapter:
-        seed_text += f"\x00lora\x00{adapter}"
-    return xxhash.xxh3_128_intdigest(seed_text.encode("utf-8"))
+    """The parent hash of a prompt's first block.
+
+    The fields are a msgpack array of length-prefixed byte strings (nil when absent), never joined
+    with a separator: a client's ``cache_salt`` may hold any character, so a separator it can send
+    would let one (model, salt, adapter) tuple hash like another (issue 28, finding 3). BLAKE2b
+    rather than xxh3 (once per prompt, about a microsecond): the salt is the client's, and two
+    roots that collide would share KV across tenants or adapters, so a collision must not be
+    craftable."""
+    seed = msgspec.msgpack.encode([_ROOT_VERSION, _field(model), _field(cache_salt), _field(adapter)])
+    return int.from_bytes(hashlib.blake2b(seed, digest_size=_HASH_BYTES).digest(), "little")
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:

@@ -1,3 +1,96 @@
+"""Suite-wide settings and the split that `make test-fast` relies on.
+
+A test module is ``slow`` when it, or a tests/ helper it imports, imports something that starts
+processes or loads the model (HEAVY_IMPORTS). `make test-fast` runs ``-m "not slow"``: the unit
+and in-process tests. Under that selection a test that still starts a Python child process fails
+and names its module, so the split stays honest as tests are added.
+"""
+
+import ast
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TESTS = Path(__file__).resolve().parent
+HEAVY_IMPORTS = (
+    "subprocess",
+    "multiprocessing",
+    "bench.processes.launch",
+    "bench.processes.module_command",
+    "bench.processes.kvgate_command",
+    "engine.model_runner",
+    "engine.loader",
+    "engine.llama",
+    "transformers",
+    "torch",
+)
+"""What marks a test module slow when imported: process starters and the model's loaders."""
+FAST_SELECTION = "not slow"
+
+
+@cache
+def _imports(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What ``path`` imports at any depth of its syntax tree: (names, modules), ``from m import n`` giving m.n and m."""
+    names: list[str] = []
+    modules: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+            modules.append(node.module)
+    return tuple(names), tuple(modules)
+
+
+def _helper_path(module: str) -> Path | None:
+    """The file of a tests/ helper module (``tests.procs`` -> tests/procs.py), if it is one."""
+    if not module.startswith("tests."):
+        return None
+    base = TESTS.parent.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def is_heavy(path: Path) -> bool:
+    """Whether ``path`` imports, itself or through tests/ helpers, something of HEAVY_IMPORTS."""
+    names, modules = _imports(path)
+    if any(name == heavy or name.startswith(f"{heavy}.") for name in names for heavy in HEAVY_IMPORTS):
+        return True
+    helpers = {_helper_path(module) for module in modules} - {None, path}
+    return any(is_heavy(helper) for helper in helpers if helper is not None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_heavy(Path(str(item.path))):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _no_python_children_when_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Under ``-m "not slow"``, starting a Python child (an engine, a gateway, a CLI) fails the test."""
+    if request.config.option.markexpr != FAST_SELECTION:
+        yield
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        command = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+        if command and os.path.basename(str(command[0])).startswith(("python", os.path.basename(sys.executable))):
+            pytest.fail(f"{request.node.path} starts {command[:4]}: it belongs in the slow tests (tests/conftest.py)")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    yield

@@ -2,7 +2,7 @@
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,17 +12,34 @@ import aiohttp
 import orjson
 import yaml
 
-from tests.procs import ManagedProcess, free_port, start_engine, start_gateway
+from tests.bodies import MODEL as MODEL
+from tests.bodies import chat as chat
+from tests.procs import HttpReply, ManagedProcess, free_port, http, start_engine, start_gateway
 
-MODEL = "smollm2-135m"
+INSTANT_SIM = ("--sim", "--sim-preset", "instant")
+"""A simulated engine that answers at once."""
 SLOW_SIM = ("--sim", "--sim-preset", "instant", "--sim-decode-base-s", "0.02")
 """A simulated engine that emits about 50 tokens a second: streams long enough to interrupt."""
 
 
 def start_engines(tmp_path: Path, count: int, *flags: str) -> list[ManagedProcess]:
     """``count`` engines started in parallel (each takes seconds to load its tokenizer)."""
-    with ThreadPoolExecutor(count) as pool:
-        return list(pool.map(lambda index: start_engine(tmp_path, *flags, name=f"engine{index}"), range(count)))
+    return start_engine_set(tmp_path, [flags] * count)
+
+
+def start_engine_set(tmp_path: Path, flag_sets: Sequence[Sequence[str]]) -> list[ManagedProcess]:
+    """One engine per entry of ``flag_sets``, started in parallel; if one fails, the others are stopped."""
+    with ThreadPoolExecutor(len(flag_sets)) as pool:
+        futures = [
+            pool.submit(start_engine, tmp_path, *flags, name=f"engine{index}") for index, flags in enumerate(flag_sets)
+        ]
+    started = [future.result() for future in futures if future.exception() is None]
+    errors = [error for future in futures if (error := future.exception()) is not None]
+    if errors:
+        for process in started:
+            process.stop()
+        raise errors[0]
+    return started
 
 
 def start_publishing_engines(tmp_path: Path, count: int, *flags: str) -> tuple[list[ManagedProcess], list[str]]:
@@ -44,9 +61,14 @@ def precise_backends(engines: list[ManagedProcess], kv_events: list[str]) -> lis
     ]
 
 
-def gateway_config(port: int, engines: list[ManagedProcess], **sections: Any) -> dict[str, Any]:
-    """A gateway config for ``engines`` (backends e0, e1, ...) with fast health checks."""
-    backends = [{"name": f"e{index}", "url": engine.url} for index, engine in enumerate(engines)]
+def gateway_config(
+    port: int, engines: list[ManagedProcess], *, every_backend: dict[str, Any] | None = None, **sections: Any
+) -> dict[str, Any]:
+    """A gateway config for ``engines`` (backends e0, e1, ..., each with ``every_backend``'s fields) with fast
+    health checks, and ``sections`` in place of the defaults."""
+    backends = [
+        {"name": f"e{index}", "url": engine.url, **(every_backend or {})} for index, engine in enumerate(engines)
+    ]
     config: dict[str, Any] = {
         "listen": {"port": port},
         "model": MODEL,
@@ -82,8 +104,27 @@ def gateway_for(tmp_path: Path, config: dict[str, Any]) -> Iterator[ManagedProce
         gateway.stop()
 
 
-def chat(content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **extra}
+@contextmanager
+def gateway_with_engines(
+    tmp_path: Path,
+    engines: Sequence[Sequence[str]] = (INSTANT_SIM,),
+    *,
+    every_backend: dict[str, Any] | None = None,
+    **sections: Any,
+) -> Iterator[ManagedProcess]:
+    """A gateway (``gateway_config`` with ``every_backend`` and ``sections``) in front of fresh engines, one per
+    entry of ``engines`` (its flags); all of them stop on exit."""
+    with running(start_engine_set(tmp_path, engines)) as started:
+        config = gateway_config(free_port(), started, every_backend=every_backend, **sections)
+        with gateway_for(tmp_path, config) as gateway:
+            yield gateway
+
+
+def post_chat(gateway: ManagedProcess, body: dict[str, Any], headers: dict[str, str] | None = None) -> HttpReply:
+    """POST a chat completion to the gateway; it must succeed."""
+    reply = http("POST", f"{gateway.url}/v1/chat/completions", body, headers)
+    assert reply.status == 200, reply.body
+    return reply
 
 
 async def post(

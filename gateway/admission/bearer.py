@@ -1,4 +1,5 @@
-"""Bearer API keys: read from the Authorization header, compared in constant time, never logged."""
+"""API keys: read from the Authorization header (Bearer) or, as Anthropic's clients send them, from
+``x-api-key``; compared in constant time, never logged."""
 
 import hmac
 
@@ -8,9 +9,12 @@ from gateway.errors import OpenAIError
 
 
 def bearer_token(request: web.Request) -> str | None:
+    """The Bearer token, else the ``x-api-key`` header's key; None without either."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    if scheme.lower() == "bearer" and token:
+        return token
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def key_matches(given: str, expected: str) -> bool:

@@ -46,10 +46,18 @@ class RequestCaps:
             )
 
     def check(
-        self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, requested: int | None, default: int
+        self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, requested: int | None, default: int, n: int = 1
     ) -> TokenGrant:
-        """Reject (400) or clamp; ``default`` is what a request without max_tokens is assumed to need."""
+        """Reject (400) or clamp; ``default`` is what a request without max_tokens is assumed to need;
+        ``n`` samples over ``max_n`` are a 400 (never clamped: the client counts the choices)."""
         caps = self._caps(model, tenant_caps)
+        if caps.max_n is not None and n > caps.max_n:
+            raise bad_request(
+                f"This request asks for {n} samples (n, or best_of on completions); the limit for '{model}' is "
+                f"{caps.max_n}.",
+                param="n",
+                code="n_too_large",
+            )
         _check_prompt_cap(caps, model, prompt_tokens, "prompt", "messages")
         context = caps.context_length or self.reported_context(model)
         if context is not None and prompt_tokens >= context:
@@ -74,6 +82,13 @@ class RequestCaps:
         """The prompt caps alone, for requests that generate nothing (embeddings): 400 when over."""
         caps = self._caps(model, tenant_caps)
         _check_prompt_cap(caps, model, prompt_tokens, "input", "input")
+        if caps.max_embedding_input_tokens is not None and prompt_tokens > caps.max_embedding_input_tokens:
+            raise bad_request(
+                f"This request has {prompt_tokens} input tokens in all; the limit for '{model}' is "
+                f"{caps.max_embedding_input_tokens} per request.",
+                param="input",
+                code="too_many_input_tokens",
+            )
         context = caps.context_length or self.reported_context(model)
         if context is not None and longest_input > context:
             raise bad_request(

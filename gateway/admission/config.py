@@ -37,6 +37,10 @@ class TokenCaps(ConfigSection):
     """What a request asking for more than `max_tokens` gets: a 400, or the cap."""
     context_length: int | None = Field(None, ge=1)
     """Prompt + max_tokens bound; unset means what the model's replicas report (`max_model_len`)."""
+    max_n: int | None = Field(None, ge=1)
+    """Most samples (`n`) one request may ask for; unset: the API's own bound (128)."""
+    max_embedding_input_tokens: int | None = Field(None, ge=1)
+    """Tokens of all inputs of one embeddings request together."""
 
     def over(self, base: "TokenCaps") -> "TokenCaps":
         """These caps where set, ``base`` elsewhere."""
@@ -47,6 +51,8 @@ class LimitsConfig(TokenCaps):
     """Caps for every model (the fields inherited from TokenCaps), per model, and the admission queue."""
 
     models: dict[str, TokenCaps] = {}
+    max_embedding_input_tokens: int | None = Field(300_000, ge=1)
+    """OpenAI's own bound on the tokens of one embeddings request."""
     max_queue: int = Field(256, ge=0)
     """Requests that may wait for a replica with room; one more gets 429."""
     queue_timeout_s: float = Field(30.0, gt=0)
@@ -56,6 +62,10 @@ class LimitsConfig(TokenCaps):
     max_json_depth: int = Field(32, ge=2)
     max_json_containers: int = Field(50_000, ge=16)
     """Objects and arrays in one request body, counted on the raw bytes before it is parsed."""
+    max_json_values: int = Field(200_000, ge=16)
+    """Values in the objects and arrays of one request body (token ids count one each), counted the same way."""
+    max_json_keys: int = Field(50_000, ge=16)
+    """Object keys in one request body, counted the same way (a key costs about five values to parse)."""
     max_tools: int = Field(128, ge=0)
 
     def caps_for(self, model: str) -> TokenCaps:

@@ -3,8 +3,12 @@
 Order: the highest priority class first; within a class, round-robin over the tenants that have
 someone waiting, first come first served within a tenant. A request that finds nobody of its
 class or above waiting tries to get placed at once. When the queue is full, a newcomer sheds the
-newest waiter of the lowest class below its own (that waiter gets 429 with ``Retry-After``); a
-newcomer of the lowest class is itself refused with 429. Only the head of that order tries to get placed, whenever capacity may have changed
+newest waiter of the lowest class below its own (that waiter gets 429 with ``Retry-After``).
+Failing that, the queue is shared fairly between tenants: a newcomer whose tenant holds at least
+two places fewer than the tenant holding the most sheds that tenant's newest waiter of its own
+class or below (429 ``shed_for_fairness``), so one tenant can never fill the queue against
+another: any tenant gets a place while it holds fewer than its equal share. Otherwise the
+newcomer is refused with 429. Only the head of that order tries to get placed, whenever capacity may have changed
 (a request ended, a health check ran, the config was reloaded); the rest keep their place
 (vLLM's scheduler admits in the same strict order, so a large request is never starved).
 A waiter leaves at once when its client goes away (its task is cancelled) or its time is up.
@@ -29,8 +33,9 @@ class _Waiter:
     priority: int = 0
     arrival: int = field(default_factory=lambda: next(_ARRIVALS))
     turn: asyncio.Event = field(default_factory=asyncio.Event)
-    shed: bool = False
-    """Pushed out of a full queue by a request of a higher class."""
+    shed: str | None = None
+    """Why it was pushed out of a full queue: ``priority`` (for a request of a higher class) or
+    ``fairness`` (for a tenant holding fewer places)."""
 
 
 Lines = OrderedDict[str, deque[_Waiter]]
@@ -71,7 +76,7 @@ class AdmissionQueue:
             placement = try_place()
             if placement is not None:
                 return placement
-        if self._size >= self.max_queue and not self._shed_below(priority):
+        if self._size >= self.max_queue and not self._shed_below(priority) and not self._shed_for(tenant, priority):
             raise too_many_requests(
                 f"The gateway is at capacity and its queue is full ({self.max_queue} waiting); retry shortly.",
                 retry_after_s=1,
@@ -82,13 +87,8 @@ class AdmissionQueue:
         try:
             async with asyncio.timeout(self.timeout_s):
                 while True:
-                    if waiter.shed:
-                        raise too_many_requests(
-                            "The gateway is overloaded and shed this request for one of a higher priority; "
-                            "retry shortly.",
-                            retry_after_s=1,
-                            code="shed_for_priority",
-                        )
+                    if waiter.shed is not None:
+                        raise _shed_error(waiter.shed)
                     if self._head() is waiter:
                         placement = try_place()
                         if placement is not None:
@@ -135,11 +135,31 @@ class AdmissionQueue:
         if not lower:
             return False
         lines = self._classes[min(lower)]
-        newest = max((line[-1] for line in lines.values()), key=lambda waiter: waiter.arrival)
-        self._remove(newest)
-        newest.shed = True
-        newest.turn.set()
+        self._shed(max((line[-1] for line in lines.values()), key=lambda waiter: waiter.arrival), "priority")
         return True
+
+    def _shed_for(self, tenant: str, priority: int) -> bool:
+        """Push out the newest waiter (of class ``priority`` or below) of the tenant holding the most
+        places, when that is at least two more than ``tenant`` holds; False otherwise."""
+        waiting = self.waiting_by_tenant()
+        mine = waiting.get(tenant, 0)
+        for other, count in sorted(waiting.items(), key=lambda item: -item[1]):
+            if count < mine + 2:
+                return False
+            if other == tenant:
+                continue
+            own_or_below = [
+                lines[other][-1] for level, lines in self._classes.items() if level <= priority and other in lines
+            ]
+            if own_or_below:
+                self._shed(max(own_or_below, key=lambda waiter: waiter.arrival), "fairness")
+                return True
+        return False
+
+    def _shed(self, waiter: _Waiter, reason: str) -> None:
+        self._remove(waiter)
+        waiter.shed = reason
+        waiter.turn.set()
 
     def _head(self) -> _Waiter | None:
         if not self._classes:
@@ -147,3 +167,11 @@ class AdmissionQueue:
         for line in self._classes[max(self._classes)].values():
             return line[0]
         return None
+
+
+def _shed_error(reason: str) -> Exception:
+    if reason == "priority":
+        message, code = "shed this request for one of a higher priority", "shed_for_priority"
+    else:
+        message, code = "shed this request to give another tenant its share of the queue", "shed_for_fairness"
+    return too_many_requests(f"The gateway is overloaded and {message}; retry shortly.", retry_after_s=1, code=code)

@@ -59,7 +59,9 @@ class Tenant:
         return f"{own}:{requested}" if requested else own
 
     def admit(self, tokens: int) -> AbstractAsyncContextManager[TokenCharge]:
-        """Hold one of the tenant's concurrent slots, one request and ``tokens`` of its budget, or raise 429."""
+        """Hold one of the tenant's concurrent slots, one request and ``tokens`` of its budget, or raise 429
+        (400 for more tokens than the whole budget)."""
+        self.check_within_budget(tokens)
         return self.limiter.admit(self, tokens)
 
     def hold_slot(self) -> AbstractAsyncContextManager[None]:
@@ -67,8 +69,25 @@ class Tenant:
         return self.limiter.hold_slot(self)
 
     def charge(self, tokens: int) -> AbstractAsyncContextManager[TokenCharge]:
-        """``tokens`` of the tenant's per-minute budget, or 429; what the request did not use goes back."""
+        """``tokens`` of the tenant's per-minute budget, or 429 (400 for more than the whole budget);
+        what the request did not use goes back."""
+        self.check_within_budget(tokens)
         return self.limiter.charge(self, tokens)
+
+    def check_within_budget(self, tokens: int) -> None:
+        """400 for a request that needs more tokens than the tenant's whole ``tokens_per_minute``.
+
+        Such a request could only run by putting the bucket into debt (one request taking minutes
+        of budget), and waiting never makes it fit, so it is a 400, not a 429: clients (the OpenAI
+        SDKs among them) retry a 429, and every retry would be refused the same way."""
+        per_minute = self.config.tokens_per_minute if self.config else None
+        if per_minute is not None and tokens > per_minute:
+            raise bad_request(
+                f"This request needs up to {tokens} tokens (prompt + max_tokens x n); tenant '{self.name}' "
+                f"has a budget of {per_minute} tokens per minute. Reduce max_tokens, n or the prompt.",
+                param="max_tokens",
+                code="tokens_exceed_budget",
+            )
 
     @property
     def limited(self) -> bool:

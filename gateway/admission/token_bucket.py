@@ -16,7 +16,8 @@ class TokenBucket:
     def wait_s(self, tokens: int) -> float:
         """0 when ``tokens`` may be taken now, else the seconds until they would fit.
 
-        A request larger than a whole minute's budget fits a full bucket (and leaves it in debt).
+        More than a whole minute's budget fits a full bucket (and leaves it in debt); requests that
+        large are refused before they get here (``Tenant.check_within_budget``).
         """
         self._refill()
         needed = min(tokens, self.per_minute)

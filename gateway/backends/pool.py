@@ -12,6 +12,7 @@ from gateway.admission.kv_blocks import fits
 from gateway.backends.circuit_breaker import CircuitBreaker
 from gateway.backends.load_feed import LoadFeed, read_stats, read_vllm_load
 from gateway.backends.load_view import LoadView, SentRequest
+from gateway.backends.secret_redaction import Redactor, backend_secrets, redactor_for
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.types import ReplicaState
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
@@ -55,6 +56,11 @@ class Backend:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def redactor(self) -> Redactor:
+        """Keeps this replica's configured secrets (API key, credential headers) out of what is relayed."""
+        return redactor_for(backend_secrets(self.spec.upstream_api_key(), self.spec.headers))
 
     @property
     def draining(self) -> bool:

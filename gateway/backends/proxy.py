@@ -19,9 +19,10 @@ stream that goes past the granted ``max_tokens`` (all ``n`` samples together) is
 gateway itself (finish reason ``length``), whatever the backend does.
 
 Requests carry the replica's upstream headers (API key, extra headers) and the trace context;
-the API key is redacted from any error body a provider sends back, and an error body that is not
-OpenAI-shaped (vLLM's ``{"detail": "Not Found"}`` for an endpoint it does not serve) is wrapped in
-one (``upstream_error.py``).
+the replica's configured secrets are redacted from everything relayed (``secret_redaction.py``);
+a 5xx answer raises ``UpstreamAnswered`` (``answered_errors.py`` decides whose fault it is), and an
+error body that is not OpenAI-shaped (vLLM's ``{"detail": "Not Found"}`` for an endpoint it does
+not serve) is wrapped in one (``upstream_error.py``).
 """
 
 import asyncio
@@ -36,7 +37,8 @@ import orjson
 from aiohttp import web
 from opentelemetry import trace
 
-from gateway.backends.upstream_client import UpstreamClient, UpstreamResponse
+from gateway.backends.secret_redaction import NO_SECRETS, Redactor
+from gateway.backends.upstream_client import UnsendableHeader, UpstreamClient, UpstreamResponse
 from gateway.backends.upstream_error import openai_error_body
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
@@ -46,6 +48,17 @@ from protocol.tracing import inject_current, span
 
 class UpstreamFailed(Exception):
     """The backend failed before the client got anything; safe to retry elsewhere."""
+
+
+class UpstreamAnswered(UpstreamFailed):
+    """The backend answered a 5xx before the client got anything: it is up, and the request itself
+    may be the cause (``answered_errors.py`` decides whose fault it is). ``message``: the error's
+    text, redacted."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"backend answered {status}")
+        self.status = status
+        self.message = _error_message(body)
 
 
 @dataclass
@@ -62,6 +75,8 @@ class UpstreamOutcome:
     """Streamed chunks relayed that carried generated text: each holds at least one token."""
     capped: bool = False
     """The backend streamed past the granted max_tokens and the gateway ended the stream."""
+    error_code: str | None = None
+    """A backend's error answer's ``error.code`` (else its ``type``), for the request log."""
 
     @property
     def generated_at_least(self) -> int:
@@ -93,8 +108,10 @@ class ProxyCall:
     """Headers sent to the backend beside Content-Type (Authorization, extra headers, traceparent)."""
     stream_format: str = "chat"
     """``chat`` (chat and text completions: ``data:`` chunks, ``[DONE]``) or ``responses``."""
-    secret: str | None = None
-    """The upstream API key, redacted from error bodies the backend returns."""
+    redactor: Redactor = NO_SECRETS
+    """The backend's configured secrets, redacted from everything relayed to the client."""
+    stream_response: Callable[..., web.StreamResponse] = web.StreamResponse
+    """Makes the client's streamed response (``status=``, ``headers=``): a front end's may translate the events."""
 
 
 async def forward(call: ProxyCall, client_request: web.Request) -> tuple[web.StreamResponse, UpstreamOutcome]:
@@ -116,6 +133,8 @@ async def _forward(call: ProxyCall, client_request: web.Request) -> tuple[web.St
             call.on_sent,
             timeout_s=call.timeouts.first_token_s,
         )
+    except UnsendableHeader as exc:
+        raise OpenAIError(500, f"The gateway cannot forward this request: {exc}", "server_error") from None
     except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"cannot reach backend: {exc!r}") from exc
     try:
@@ -135,19 +154,21 @@ async def _relay_whole(call: ProxyCall, upstream: UpstreamResponse) -> tuple[web
                 data = await upstream.read()
     except (TimeoutError, OSError) as exc:
         raise UpstreamFailed(f"backend failed while answering: {exc!r}") from exc
+    data = await _redacted(call.redactor, data)
+    if upstream.status >= 400:
+        data = openai_error_body(upstream.status, data, urlsplit(call.url).path, call.body.get("model"))
     if upstream.status >= 500:
-        raise UpstreamFailed(f"backend answered {upstream.status}")
+        raise UpstreamAnswered(upstream.status, data)
     arrived = time.perf_counter()
     outcome = call.outcome
     outcome.status, outcome.first_token_at = upstream.status, arrived
     if upstream.status == 200:
         outcome.completed = True
         outcome.usage = _usage_of(data)
-    elif call.secret:
-        data = data.replace(call.secret.encode(), b"[redacted]")
-    content_type = upstream.content_type or "application/json"
+    else:
+        outcome.error_code = _error_code(data)
+    content_type = call.redactor.redact_text(upstream.content_type or "application/json")
     if upstream.status >= 400:
-        data = openai_error_body(upstream.status, data, urlsplit(call.url).path, call.body.get("model"))
         content_type = "application/json"
     response = web.Response(status=upstream.status, body=data, content_type=content_type, headers=call.headers)
     return response, outcome
@@ -163,7 +184,7 @@ async def _relay_stream(
         first = await anext(events)
     except (TimeoutError, StopAsyncIteration, OSError) as exc:
         raise UpstreamFailed(f"backend stream failed before its first event: {exc!r}") from exc
-    response = web.StreamResponse(
+    response = call.stream_response(
         status=200, headers={**call.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(client_request)
@@ -203,9 +224,10 @@ def _first_token(call: ProxyCall, outcome: UpstreamOutcome) -> None:
 
 
 async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, event: bytes) -> None:
+    event = await _redacted(call.redactor, event)
     if call.stream_format == "responses":
         _read_responses_event(outcome, event)
-        delta = b'"response.output_text.delta"' in event
+        delta = any(kind in event for kind in _RESPONSES_DELTAS)
         if outcome.first_token_at is None and (delta or outcome.completed):
             _first_token(call, outcome)
         if delta:
@@ -317,6 +339,8 @@ async def _sse_events(content: UpstreamResponse, timeouts: TimeoutsConfig) -> As
             wait_s = timeouts.idle_stream_s
 
 
+_RESPONSES_DELTAS = (b'"response.output_text.delta"', b'"response.function_call_arguments.delta"')
+"""The Responses events that carry generated tokens (text, or a function call's arguments)."""
 _RESPONSES_END = {"response.completed": True, "response.incomplete": True, "response.failed": False}
 """The closing events of a Responses stream, and whether each means the backend finished the answer."""
 
@@ -332,6 +356,37 @@ def _read_responses_event(outcome: UpstreamOutcome, event: bytes) -> None:
     outcome.completed = _RESPONSES_END[payload["type"]]
     usage = (payload.get("response") or {}).get("usage")
     outcome.usage = chat_usage(usage) if isinstance(usage, dict) else None
+
+
+_REDACT_OFF_LOOP_BYTES = 32 << 10
+"""Bodies at least this large are searched for secrets on a worker thread, not on the event loop."""
+
+
+async def _redacted(redactor: Redactor, data: bytes) -> bytes:
+    if not redactor:
+        return data
+    if len(data) < _REDACT_OFF_LOOP_BYTES:
+        return redactor.redact(data)
+    return await asyncio.to_thread(redactor.redact, data)
+
+
+_MAX_ERROR_MESSAGE_CHARS = 300
+
+
+def _error_message(body: bytes) -> str:
+    """The ``error.message`` of an OpenAI error body."""
+    parsed = _json_or_none(body)
+    error = parsed.get("error") if parsed else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message or "no detail")[:_MAX_ERROR_MESSAGE_CHARS]
+
+
+def _error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI error body, else its ``error.type``."""
+    parsed = _json_or_none(body)
+    error = parsed.get("error") if parsed else None
+    code = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
+    return str(code)[:_MAX_ERROR_MESSAGE_CHARS] if code else None
 
 
 def _usage_of(data: bytes) -> dict | None:

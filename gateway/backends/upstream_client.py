@@ -15,6 +15,7 @@ No retry happens here: a request that fails is the caller's to retry (on another
 """
 
 import asyncio
+import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,15 @@ HIGH_WATER_BYTES = 256 << 10
 
 class UpstreamError(ConnectionError):
     """The connection failed, closed before the answer was whole, or the answer was not HTTP."""
+
+
+class UnsendableHeader(UpstreamError):
+    """A header that cannot go into a request head: nothing was sent, and no backend is at fault."""
+
+    def __init__(self, name: str) -> None:
+        shown = name if _HEADER_NAME.fullmatch(name) else ascii(name[:40])
+        super().__init__(f"header {shown} holds a line break, a colon or a character outside printable ASCII; not sent")
+        self.header = shown
 
 
 @dataclass(frozen=True)
@@ -341,14 +351,20 @@ def _nothing() -> None:
     return None
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""RFC 9110 ``token``."""
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+"""Printable ASCII and tabs: what a request head may carry without an encoding to agree on."""
+
+
 def _request_head(target: _Target, length: int, headers: dict[str, str]) -> bytes:
     lines = [f"POST {target.path} HTTP/1.1", f"Host: {target.host_header}", f"Content-Length: {length}"]
     lines.append("Content-Type: application/json")
     for name, value in headers.items():
         if name.lower() in ("host", "content-length", "content-type"):
             continue
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-            raise UpstreamError(f"header {name!r} holds a line break or colon; not sent")
+        if _HEADER_NAME.fullmatch(name) is None or _HEADER_VALUE.fullmatch(value) is None:
+            raise UnsendableHeader(name)
         lines.append(f"{name}: {value}")
     lines.append("\r\n")
-    return "\r\n".join(lines).encode("utf-8")
+    return "\r\n".join(lines).encode("ascii")

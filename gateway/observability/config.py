@@ -3,6 +3,7 @@
 from pydantic import Field
 
 from gateway.config_section import ConfigSection
+from gateway.observability.pricing import ModelPrice
 
 
 class ObservabilityConfig(ConfigSection):
@@ -19,6 +20,9 @@ class ObservabilityConfig(ConfigSection):
     """Characters of stable text shown before a prefix breaker (0: show only the masked span)."""
     breaker_samples_per_s: float = Field(20.0, gt=0)
     """At most this many requests a second are compared for prefix breakers (each costs ~0.3 ms)."""
+    pricing: dict[str, ModelPrice] = {}
+    """List prices per served model (gateway/observability/pricing.py): each request's cost and
+    cache savings go to the request log, /metrics and the dashboard's stats. Empty: none."""
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) for the gateway's trace spans;
     None: no spans are exported (W3C trace context is still propagated). Read at start-up only."""

@@ -90,6 +90,12 @@ class GatewayMetrics:
             [],
             LATENCY_BUCKETS,
         )
+        self.cost = counter(
+            "kvgate_cost", "What served requests would be billed at observability.pricing.", ["model", "tenant"]
+        )
+        self.cache_savings = counter(
+            "kvgate_cache_savings", "What cached prompt tokens saved at observability.pricing.", ["model", "tenant"]
+        )
         self.route_decisions = counter(
             "kvgate_route_decisions", "Routing decisions by chosen backend and reason.", ["backend", "reason"]
         )
@@ -125,6 +131,9 @@ class GatewayMetrics:
         served.predicted_cached_tokens.inc(record.predicted_cached_tokens)
         served.cached_tokens.inc(record.cached_tokens or 0)
         served.completion_tokens.inc(record.completion_tokens or 0)
+        if record.cost is not None:
+            self.cost.labels(record.model, record.tenant).inc(record.cost)
+            self.cache_savings.labels(record.model, record.tenant).inc(record.cache_savings or 0.0)
         if record.over_cap_tokens:
             self.over_cap_tokens.labels(record.model, record.backend, record.tenant).inc(record.over_cap_tokens)
         self.queue_wait.observe(record.queued_s)

@@ -43,6 +43,7 @@ MEAN: frozenset[str] = frozenset(
         "kvgate_prediction_exact_ratio",
         "kvgate_prediction_mean_abs_error_tokens",
         "kvgate_shared_state_up",
+        "kvgate_worker_limits_up",
     }
 )
 

@@ -28,6 +28,9 @@ class Tally:
     cached_tokens: int = 0
     ttft_sum_s: float = 0.0
     ttft_count: int = 0
+    cost: float = 0.0
+    """At ``observability.pricing`` (gateway/observability/pricing.py); 0 without prices."""
+    cache_savings: float = 0.0
 
     def add(self, record: RequestRecord) -> None:
         if record.rejected:
@@ -37,6 +40,8 @@ class Tally:
         self.prompt_tokens += record.prompt_tokens
         self.predicted_cached_tokens += record.predicted_cached_tokens
         self.cached_tokens += record.cached_tokens or 0
+        self.cost += record.cost or 0.0
+        self.cache_savings += record.cache_savings or 0.0
         if record.ttft_s is not None:
             self.ttft_sum_s += record.ttft_s
             self.ttft_count += 1
@@ -51,6 +56,8 @@ class Tally:
             "hit_rate": _ratio(self.cached_tokens, self.prompt_tokens),
             "predicted_hit_rate": _ratio(self.predicted_cached_tokens, self.prompt_tokens),
             "mean_ttft_s": _ratio(self.ttft_sum_s, self.ttft_count),
+            "cost": self.cost,
+            "cache_savings": self.cache_savings,
         }
 
 

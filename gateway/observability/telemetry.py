@@ -16,6 +16,7 @@ from gateway.errors import OpenAIError
 from gateway.observability.config import ObservabilityConfig
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.prefix_breakers import PrefixBreakers
+from gateway.observability.pricing import request_cost
 from gateway.observability.request_log import RequestLog
 from gateway.observability.rolling_stats import StatsWindow
 from gateway.observability.telemetry_record import UNAUTHENTICATED, RequestRecord
@@ -35,6 +36,7 @@ class Telemetry:
         self.stats = StatsWindow(config.stats_bucket_s, config.stats_window_s)
         self.breakers = PrefixBreakers(block_size, config.breaker_preview_chars, config.breaker_samples_per_s)
         self.log = RequestLog(config)
+        self.pricing = config.pricing
 
     def observe_completion(
         self,
@@ -54,9 +56,18 @@ class Telemetry:
         )
         record.status = _status(dispatched)
         record.queued_s = dispatched.queued_s
+        record.charged_tokens = dispatched.charged_tokens
         record.normalized_rules = list(normalized.changed)
         record.trace_id = trace_id
+        self._price(record)
         asyncio.get_running_loop().call_soon(self._observe_completion, record, normalized.body, model, route_request)
+
+    def _price(self, record: RequestRecord) -> None:
+        price = self.pricing.get(record.model or "")
+        if price is None or record.status != "200":
+            return
+        priced = request_cost(price, record.prompt_tokens, record.cached_tokens or 0, record.completion_tokens or 0)
+        record.cost, record.cache_savings = priced.cost, priced.savings
 
     def observe_client_gone(
         self,
@@ -85,12 +96,20 @@ class Telemetry:
                 e2e_s=time.perf_counter() - started,
             )
         record.status = CLIENT_GONE
+        record.charged_tokens = progress.charged_tokens if progress is not None else None
         self._observe(record, None)
 
     def observe_rejection(
-        self, request_id: str, error: OpenAIError, tenant: str | None, started: float, trace_id: str | None = None
+        self,
+        request_id: str,
+        error: OpenAIError,
+        tenant: str | None,
+        started: float,
+        trace_id: str | None = None,
+        charged_tokens: int | None = None,
     ) -> None:
-        """A request the gateway answered with an error itself (bad input, caps, queue, no replica)."""
+        """A request the gateway answered with an error itself (bad input, caps, queue, no replica,
+        a first-token timeout: the one refusal that may have been charged)."""
         record = RequestRecord(
             request_id=request_id,
             model=None,
@@ -99,6 +118,7 @@ class Telemetry:
             error_code=error.code or error.type,
             e2e_s=time.perf_counter() - started,
             trace_id=trace_id,
+            charged_tokens=charged_tokens,
         )
         asyncio.get_running_loop().call_soon(self._observe, record, None)
 
@@ -144,6 +164,7 @@ def _served_record(
         completion_tokens=completion_tokens,
         over_cap_tokens=max(over_cap, 0),
         retention="client" if route_request.session_key else "inferred" if decision.retention_key else None,
+        error_code=outcome.error_code,
         ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
         e2e_s=time.perf_counter() - started,
     )

@@ -26,6 +26,8 @@ class RequestRecord:
     retention: str | None = None
     """Whose session key named the request for retention hints: ``client``, ``inferred`` (the
     router's, for a follow-up turn: gateway/routing/retention_keys.py) or None."""
+    charged_tokens: int | None = None
+    """Tokens charged to the tenant's budget (gateway/dispatch.py: tokens_used); None when refused before."""
     over_cap_tokens: int = 0
     """Completion tokens past the granted cap (all samples): a backend that ignored max_tokens in an
     answer the gateway could not cut (not streamed). Charged to the tenant all the same."""
@@ -36,6 +38,10 @@ class RequestRecord:
     trace_id: str | None = None
     """The W3C trace this request belongs to (the caller's `traceparent`, or one the gateway started)."""
     finished_at: float = field(default_factory=time.time)
+    cost: float | None = None
+    """At the model's ``observability.pricing`` (None: no price): what the request would be billed."""
+    cache_savings: float | None = None
+    """What its cached prompt tokens saved against the uncached input price."""
 
     @property
     def rejected(self) -> bool:
@@ -64,10 +70,13 @@ class RequestRecord:
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "over_cap_tokens": self.over_cap_tokens,
+            "charged_tokens": self.charged_tokens,
             "retention": self.retention,
             "queued_s": round(self.queued_s, 4),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
             "e2e_s": round(self.e2e_s, 4),
             "normalized": self.normalized_rules,
             "trace_id": self.trace_id,
+            "cost": self.cost,
+            "cache_savings": self.cache_savings,
         }

@@ -74,6 +74,9 @@ class RoutingConfig(ConfigSection):
     64 (bound 37.8 %) in ``bench simulate``, and changed no 4-replica window or generated workload
     by more than 0.4 points (bench/RESULTS.md); 0.0 turns it off."""
 
+    session_headers: list[str] = ["x-session-id"]
+    """Request headers that name the client's session, first found wins; ``prompt_cache_key``,
+    ``user`` and ``kvgate_session`` come after them (gateway/routing/cache_keys.py)."""
     infer_retention_keys: bool = True
     """A follow-up on a private prefix without a client session key carries a key inferred from its
     prefix (gateway/routing/retention_keys.py) as a retention hint to bundled engines, which then

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.routing.cache_keys import keyed_reason
 from gateway.routing.cache_tracker import CacheTracker, IndexStats
 from gateway.routing.calibration import Calibration, CalibrationStats
 from gateway.routing.config import RoutingConfig
@@ -134,6 +135,7 @@ class Router:
         if self.config.infer_retention_keys and reason == "prefix-hit" and not shared and request.session_key is None:
             held = [matched.get(replica.name, 0) for replica in candidates]
             retention_key = self._retention_key(request.block_hashes, held, match_end, now)
+        reason = keyed_reason(reason, request.session_source)
         return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
 
     def _retention_key(self, hashes: list[int], held: list[int], match_end: int | None, now: float) -> str | None:

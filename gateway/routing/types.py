@@ -13,10 +13,15 @@ class RouteRequest:
     prompt_tokens: int
     max_tokens: int
     session_key: str | None = None
+    """The client's session, already scoped to its tenant (gateway/routing/retention_keys.py)."""
+    session_source: str | None = None
+    """Where the client named its session (gateway/routing/cache_keys.py), e.g. ``prompt_cache_key``."""
     cache_salt: str | None = None
     token_ids: list[int] = field(default_factory=list, repr=False)
     adapter: str | None = None
     """The LoRA adapter asked for: only replicas that serve it may take the request."""
+    tenant: str | None = None
+    """Who sent it: inferred retention keys are scoped to it."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Which worker this process is, and where its siblings listen privately.
 
 The parent hands each worker its number and a private folder (mode 0700) in the environment;
-worker ``i`` serves its own state on the unix socket ``<folder>/worker-<i>.sock``.
+worker ``i`` serves its own state on the unix socket ``<folder>/worker-<i>.sock``, and the parent
+counts tenant limits for all of them on ``<folder>/limits.sock``.
 """
 
 import os
@@ -35,5 +36,14 @@ class WorkerIdentity:
         return self.socket_dir / f"worker-{self.index if index is None else index}.sock"
 
     @property
+    def limits_socket(self) -> Path:
+        """Where the parent counts tenant limits for every worker (gateway/workers/limit_server.py)."""
+        return limits_socket(self.socket_dir)
+
+    @property
     def siblings(self) -> list[int]:
         return [index for index in range(self.count) if index != self.index]
+
+
+def limits_socket(socket_dir: Path) -> Path:
+    return socket_dir / "limits.sock"

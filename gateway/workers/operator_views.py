@@ -83,7 +83,7 @@ async def _reload(request: web.Request, local: web.Response, siblings: Siblings)
     """This worker reloaded; now every sibling re-reads the same file."""
     body = orjson.loads(_body(local))
     workers = {str(siblings.identity.index): "reloaded"}
-    for index, reply in (await siblings.call("POST", "/reload")).items():
+    for index, reply in (await siblings.call("POST", f"/reload?{request.query_string}")).items():
         workers[str(index)] = "unreachable" if reply is None else orjson.loads(reply[1])["status"]
     body["workers"] = workers
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -2,8 +2,9 @@
 
 Each worker is a full gateway (`kvgate gateway` with a worker identity in its environment) that
 binds the listen port with SO_REUSEPORT, so the kernel spreads connections over them. The parent
-binds nothing and serves nothing: it restarts a worker that dies, forwards SIGHUP (reload) to
-every worker, and on SIGTERM/SIGINT stops them all. Workers get SIGTERM if the parent dies
+serves no requests: it counts tenant limits for every worker on a private unix socket (unless
+`shared_state` puts them in Redis; gateway/workers/limit_server.py), restarts a worker that dies,
+forwards SIGHUP (reload) to every worker, and on SIGTERM/SIGINT stops them all. Workers get SIGTERM if the parent dies
 (Linux parent-death signal), so no worker outlives it.
 
 Each worker runs in a session of its own. Where the kernel groups tasks by session for CPU
@@ -25,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.workers.identity import WorkerIdentity
+from gateway.workers.identity import WorkerIdentity, limits_socket
+from gateway.workers.limit_server import LimitServer
 
 log = logging.getLogger("kvgate.workers")
 
@@ -56,6 +58,8 @@ async def run_workers(config_path: Path, host: str, port: int, count: int, log_l
     command = [sys.executable, "-m", "gateway.cli", "gateway", "-c", str(config_path)]
     command += ["--host", host, "--port", str(port), "--log-level", log_level]
     slots = [WorkerSlot(WorkerIdentity(index, count, socket_dir)) for index in range(count)]
+    limits = LimitServer(limits_socket(socket_dir))
+    await limits.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -69,6 +73,7 @@ async def run_workers(config_path: Path, host: str, port: int, count: int, log_l
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+        await limits.stop()
         shutil.rmtree(socket_dir, ignore_errors=True)
     return 0
 

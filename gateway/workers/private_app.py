@@ -13,6 +13,7 @@ from aiohttp import web
 from gateway.admission.status import admission_status
 from gateway.config import ConfigError
 from gateway.reload import CONFIG_PATH, reload_config
+from gateway.reload_guard import parse_allowance
 from gateway.state import GATEWAY, Gateway
 
 
@@ -56,7 +57,7 @@ async def _reload(request: web.Request) -> web.Response:
     if path is None:
         return web.Response(status=409, body=orjson.dumps({"status": "no config file"}))
     try:
-        await reload_config(request.app[GATEWAY], path)
+        await reload_config(request.app[GATEWAY], path, parse_allowance(request.query.getall("allow", [])))
     except ConfigError as exc:
         return web.Response(status=400, body=orjson.dumps({"status": "refused", "error": str(exc)}))
     return web.Response(body=orjson.dumps({"status": "reloaded"}))

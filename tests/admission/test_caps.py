@@ -61,3 +61,24 @@ def test_prompt_bound_before_tokenizing_uses_the_tightest_limit() -> None:
     with pytest.raises(OpenAIError) as error:
         caps(max_prompt_tokens=100).check_prompt_bound("m", TokenCaps(), 101)
     assert error.value.code == "prompt_too_long" and "at least 101" in error.value.message
+
+
+def test_max_n_is_a_400_at_any_level_and_never_clamped() -> None:
+    tenant = TokenCaps(max_n=2)
+    assert caps(max_n=4).check("m", TokenCaps(), 10, 8, 256, n=4) == TokenGrant(8)
+    for limits, tenant_caps, n in (
+        ({"max_n": 4}, TokenCaps(), 5),
+        ({}, tenant, 3),
+        ({"max_tokens_policy": "clamp"}, tenant, 3),
+    ):
+        with pytest.raises(OpenAIError) as error:
+            caps(**limits).check("m", tenant_caps, 10, 8, 256, n=n)
+        assert (error.value.param, error.value.code) == ("n", "n_too_large")
+
+
+def test_embeddings_inputs_together_are_capped() -> None:
+    caps().check_prompt("m", TokenCaps(), 300_000, 500)
+    with pytest.raises(OpenAIError) as error:
+        caps().check_prompt("m", TokenCaps(), 300_001, 500)
+    assert (error.value.param, error.value.code) == ("input", "too_many_input_tokens")
+    caps(max_embedding_input_tokens=10**6).check_prompt("m", TokenCaps(), 10**6, 500)

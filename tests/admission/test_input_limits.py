@@ -47,6 +47,8 @@ def test_embedding_and_responses_inputs_are_capped_like_prompts() -> None:
         ({"input": "x" * 11}, "input"),
         ({"input": ["ok", "x" * 11]}, "input.1"),
         ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x" * 11}]}]}, "input.0.content"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x" * 11}]}, "input.0.output"),
+        ({"input": [{"type": "function_call", "call_id": "c", "arguments": "x" * 11}]}, "input.0.arguments"),
         ({"input": ["a", "b", "c"]}, "input"),
         ({"input": "hi", "instructions": "x" * 11}, "instructions"),
     ):

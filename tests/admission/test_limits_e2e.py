@@ -10,15 +10,12 @@ import pytest
 from tests.gateway_cluster import (
     SLOW_SIM,
     chat,
-    gateway_config,
-    gateway_for,
+    gateway_with_engines,
     post,
-    running,
-    start_engines,
     stream,
     wait_for_status,
 )
-from tests.procs import ManagedProcess, free_port
+from tests.procs import ManagedProcess
 
 MAX_CONCURRENCY = 2
 MAX_QUEUE = 2
@@ -34,12 +31,10 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    tmp_path = tmp_path_factory.mktemp("limits")
-    with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
-        config = gateway_config(free_port(), engines, limits=LIMITS)
-        config["backends"][0]["max_concurrency"] = MAX_CONCURRENCY
-        with gateway_for(tmp_path, config) as gateway:
-            yield gateway
+    with gateway_with_engines(
+        tmp_path_factory.mktemp("limits"), [SLOW_SIM], every_backend={"max_concurrency": MAX_CONCURRENCY}, limits=LIMITS
+    ) as gateway:
+        yield gateway
 
 
 async def call(gateway: ManagedProcess, body: dict) -> tuple[int, dict, dict]:

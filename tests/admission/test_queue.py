@@ -121,3 +121,30 @@ async def test_a_full_queue_sheds_its_lowest_class_for_a_higher_one() -> None:
     slots.free = 2
     queue.notify()
     assert await high == "high" and await low[0] == "low"
+
+
+async def test_one_tenant_cannot_fill_the_queue_against_another() -> None:
+    """A full queue held by one tenant sheds that tenant's newest waiter for another tenant's request."""
+    queue = AdmissionQueue(max_queue=4, timeout_s=5)
+    slots = Slots(0)
+    flood = [asyncio.create_task(queue.admit("flood", lambda: slots.take("f"))) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert queue.waiting_by_tenant() == {"flood": 4}
+    other = asyncio.create_task(queue.admit("other", lambda: slots.take("o")))
+    await asyncio.sleep(0)
+    assert queue.waiting_by_tenant() == {"flood": 3, "other": 1}
+    shed = await asyncio.gather(flood[-1], return_exceptions=True)
+    assert isinstance(shed[0], OpenAIError) and shed[0].status == 429 and shed[0].code == "shed_for_fairness"
+    with pytest.raises(OpenAIError) as refused:
+        await queue.admit("flood", lambda: slots.take("f"))
+    assert refused.value.code == "queue_full", "the flooding tenant gets no place back from the other"
+    third = asyncio.create_task(queue.admit("third", lambda: slots.take("t")))
+    await asyncio.sleep(0)
+    assert queue.waiting_by_tenant() == {"flood": 2, "other": 1, "third": 1}
+    assert isinstance((await asyncio.gather(flood[2], return_exceptions=True))[0], OpenAIError)
+    with pytest.raises(OpenAIError) as refused:
+        await queue.admit("other", lambda: slots.take("o"))
+    assert refused.value.code == "queue_full", "2 against 1: shedding would only move the imbalance"
+    slots.free = 4
+    queue.notify()
+    assert sorted(await asyncio.gather(*flood[:2], other, third)) == ["f", "f", "o", "t"]

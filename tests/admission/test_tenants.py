@@ -117,3 +117,14 @@ def test_priority_comes_from_the_tenant_or_an_allowed_header() -> None:
         with pytest.raises(OpenAIError) as error:
             tenant.priority({PRIORITY_HEADER: value})
         assert error.value.status == 400
+
+
+async def test_a_request_over_the_whole_token_budget_is_a_400_and_takes_nothing() -> None:
+    tenant = TenantRegistry([TenantConfig(name="t", api_keys=["k"], tokens_per_minute=1000)]).by_name["t"]
+    for take in (tenant.charge, tenant.admit):
+        with pytest.raises(OpenAIError) as error:
+            async with take(1001):
+                pass
+        assert error.value.status == 400 and error.value.code == "tokens_exceed_budget"
+    async with tenant.admit(1000):
+        pass

@@ -11,15 +11,12 @@ from tests.gateway_cluster import (
     MODEL,
     SLOW_SIM,
     chat,
-    gateway_config,
-    gateway_for,
+    gateway_with_engines,
     post,
-    running,
-    start_engines,
     stream,
     wait_for_status,
 )
-from tests.procs import ManagedProcess, free_port
+from tests.procs import ManagedProcess
 
 ENV_KEY = "KVGATE_TEST_BETA_KEY"
 TENANTS = [
@@ -34,13 +31,12 @@ SHARED_PREFIX = "You are a careful assistant. " * 30
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    tmp_path = tmp_path_factory.mktemp("tenants")
     os.environ[ENV_KEY] = "key-beta"
     try:
-        with running(start_engines(tmp_path, 1, *SLOW_SIM)) as engines:
-            config = gateway_config(free_port(), engines, tenants=TENANTS, admin={"api_key": "key-admin"})
-            with gateway_for(tmp_path, config) as gateway:
-                yield gateway
+        with gateway_with_engines(
+            tmp_path_factory.mktemp("tenants"), [SLOW_SIM], tenants=TENANTS, admin={"api_key": "key-admin"}
+        ) as gateway:
+            yield gateway
     finally:
         del os.environ[ENV_KEY]
 

@@ -1,9 +1,27 @@
-"""The reference the engine is checked against: transformers' own greedy generation."""
+"""The reference the engine is checked against: transformers' own greedy generation, and the
+kernel paths (``engine.kernel_choice``) every engine test of it runs on."""
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
+
+from engine.cpu_features import DISABLE_ONEDNN_ENV, CpuFeatures, probe_cpu
+from engine.kernel_choice import choose_kernels
+
+KERNEL_PATHS: dict[str, dict[str, str]] = {"oneDNN": {}, "portable": {DISABLE_ONEDNN_ENV: "1"}}
+"""Each path's environment switches: oneDNN where this CPU has it, and the portable path
+(``F.linear``, SDPA) that every CPU runs, forced on here even where oneDNN works."""
+
+
+def cpu_for_path(path: str, dtype: torch.dtype) -> CpuFeatures:
+    """This CPU's features with ``path``'s switches; skips, naming the missing feature, where the CPU lacks the path."""
+    features = probe_cpu(KERNEL_PATHS[path])
+    kernels = choose_kernels(torch.device("cpu"), dtype, features)
+    if kernels.packed_linear != (path == "oneDNN"):
+        pytest.skip(f"no {path} path here: {kernels.summary}")
+    return features
 
 
 def transformers_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

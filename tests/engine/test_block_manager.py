@@ -4,17 +4,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams
 from engine.sequence import Sequence
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.engine.sequences import make_seq
 
 BLOCK = 4
 MODEL = "test-model"
-
-
-def make_seq(seq_id: int, tokens: list[int], salt: str | None = None) -> Sequence:
-    return Sequence(seq_id, tokens, SamplingParams(max_tokens=8), max_total_tokens=1024, cache_salt=salt)
 
 
 def compute_all(manager: BlockManager, seq: Sequence) -> None:

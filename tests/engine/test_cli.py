@@ -6,9 +6,11 @@ import sys
 import pytest
 
 from engine.cli import build_parser, build_server, config_from_args, main
+from engine.config import AUTO_DTYPE
+from engine.cpu_features import DISABLE_ONEDNN_BF16_ENV
 from engine.kv_budget import KVBudgetError, plan_kv_budget
 from planner.load import load_arch
-from tests.procs import REPO
+from tests.procs import REPO, http, start_engine
 
 
 def test_every_flag_is_explained() -> None:
@@ -75,3 +77,29 @@ def test_max_loras_is_accepted_and_reaches_the_scheduler() -> None:
     assert config_from_args(build_parser().parse_args([])).max_loras is None, "default: no limit"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--max-loras", "0"])
+
+
+def test_dtype_auto_is_the_default_and_sizes_the_pool_as_float32() -> None:
+    auto = config_from_args(build_parser().parse_args([]))
+    assert auto.dtype == "auto" and auto.model_dtype == AUTO_DTYPE == "float32"
+    float32 = config_from_args(build_parser().parse_args(["--dtype", "float32"]))
+    arch = load_arch("smollm2-135m")
+    assert plan_kv_budget(auto, arch).bytes_per_token == plan_kv_budget(float32, arch).bytes_per_token
+
+
+def test_bfloat16_without_fast_bfloat16_serves_on_the_portable_path(tmp_path, monkeypatch) -> None:
+    """As on a CPU without oneDNN bfloat16 (AVX2 only): the engine serves, and says why in one log line."""
+    monkeypatch.setenv(DISABLE_ONEDNN_BF16_ENV, "1")
+    flags = ("--dtype", "bfloat16", "--num-blocks", "256", "--max-model-len", "1024", "--threads", "1")
+    engine = start_engine(tmp_path, *flags)
+    try:
+        body = {"model": "smollm2-135m", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        reply = http("POST", f"{engine.url}/v1/completions", body)
+    finally:
+        engine.stop()
+    assert reply.status == 200, reply.body
+    assert "Paris" in reply.json()["choices"][0]["text"]  # type: ignore[index]
+    log = engine.log()
+    choice = [line for line in log.splitlines() if "kernels:" in line]
+    assert len(choice) == 1 and "bfloat16: portable" in choice[0] and DISABLE_ONEDNN_BF16_ENV in choice[0]
+    assert "Traceback" not in log

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.runner_api import BlockTransfer, SamplingParams, SeqChunk
+from engine.runner_api import BlockTransfer, SeqChunk
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.session_retention import SessionRetention
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored
+from tests.engine.sequences import make_seq
 
 BLOCK = 4
 MODEL = "test-model"
@@ -53,10 +54,6 @@ class TokenKVRunner:
 
     def release(self, seq_id: int) -> None:
         self.tokens.pop(seq_id, None)
-
-
-def make_seq(seq_id: int, tokens: list[int], max_tokens: int = 2, session: str | None = None) -> Sequence:
-    return Sequence(seq_id, tokens, SamplingParams(max_tokens=max_tokens), max_total_tokens=1024, session=session)
 
 
 def compute_all(manager: BlockManager, seq: Sequence) -> None:

@@ -67,14 +67,16 @@ def test_concurrent_requests_stream_their_own_text() -> None:
 
 
 def test_closing_the_stream_early_aborts_the_request() -> None:
-    """Decode steps of 0.05 s: left running, the request would take 10 s, five times the bound."""
-    engine = make_engine(costs=dataclasses.replace(SIM_PRESETS["instant"], decode_base_s=0.05))
+    """Decode steps of 0.1 s: left running, the request would take at least 20 s however busy the machine,
+    twice the time it gets to leave after the stream closes."""
+    decode_step_s, max_tokens = 0.1, 200
+    engine = make_engine(costs=dataclasses.replace(SIM_PRESETS["instant"], decode_base_s=decode_step_s))
 
     async def scenario() -> None:
-        stream = engine.generate(list(range(40)), SamplingParams(max_tokens=200), 256, eos_token_id=None)
+        stream = engine.generate(list(range(40)), SamplingParams(max_tokens=max_tokens), 256, eos_token_id=None)
         await anext(stream)
         await stream.aclose()
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + decode_step_s * max_tokens / 2
         while engine.stats().running or engine.stats().waiting:
             assert time.monotonic() < deadline, f"not aborted: {engine.stats()}"
             await asyncio.sleep(0.01)

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import prefers_matmul_prefill
+from engine.cpu_features import DISABLE_ONEDNN_BF16_ENV, probe_cpu
+from engine.kernel_choice import choose_kernels
 from engine.matmul_attention import TILE_ROWS, query_tiles, tiled_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
@@ -64,8 +65,10 @@ def test_tiles_touch_only_the_keys_their_queries_see() -> None:
     assert windowed.key_begin == 1000 - 63
 
 
-def test_cpu_float32_and_bfloat16_take_the_matmul_path() -> None:
-    assert prefers_matmul_prefill(CPU, torch.bfloat16)
-    assert prefers_matmul_prefill(CPU, torch.float32)
-    assert not prefers_matmul_prefill(CPU, torch.float16)
-    assert not prefers_matmul_prefill(torch.device("cuda"), torch.bfloat16)
+def test_cpu_float32_and_bfloat16_take_the_matmul_path_where_onednn_works() -> None:
+    cpu = probe_cpu({})
+    assert choose_kernels(CPU, torch.float32, cpu).matmul_prefill == cpu.onednn_float32
+    assert choose_kernels(CPU, torch.bfloat16, cpu).matmul_prefill == cpu.onednn_bfloat16
+    assert not choose_kernels(CPU, torch.bfloat16, probe_cpu({DISABLE_ONEDNN_BF16_ENV: "1"})).matmul_prefill
+    assert not choose_kernels(CPU, torch.float16, cpu).matmul_prefill
+    assert not choose_kernels(torch.device("cuda"), torch.bfloat16, None).matmul_prefill

@@ -4,6 +4,7 @@ Each variant exercises a code path SmolLM2 does not: untied LM head with llama3 
 Qwen2's Q/K/V bias, Mistral's sliding window (smaller than the sequences here).
 """
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config
 
 from engine.model_runner import TorchModelRunner
+from tests.engine.reference import KERNEL_PATHS, cpu_for_path
 from tests.engine.runner_driver import generate
 
 torch.set_num_threads(2)
@@ -64,8 +66,13 @@ def variant(request, tmp_path_factory) -> tuple[Path, list[list[int]]]:
     return folder, expected
 
 
-def test_batched_chunked_generation_matches_transformers(variant) -> None:
+@pytest.mark.parametrize("path", list(KERNEL_PATHS))
+def test_batched_chunked_generation_matches_transformers(variant, path: str, caplog: pytest.LogCaptureFixture) -> None:
     folder, expected = variant
-    runner = TorchModelRunner(str(folder), block_size=4, num_blocks=64)
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        runner = TorchModelRunner(str(folder), block_size=4, num_blocks=64, cpu=cpu_for_path(path, torch.float32))
+    choice = [record.getMessage() for record in caplog.records if record.getMessage().startswith("kernels:")]
+    assert choice == [runner.model.kernels.summary], "the choice is logged once, in one line"
+    assert ("oneDNN-packed" in choice[0]) == (path == "oneDNN")
     result = generate(runner, PROMPTS, MAX_TOKENS, chunk_size=5, arrive_every=1)
     assert result.outputs == expected

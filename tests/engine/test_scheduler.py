@@ -5,15 +5,11 @@ from engine.runner_api import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from tests.engine.scheduler_steps import BLOCK, run_step
+from tests.engine.sequences import make_seq
 
 
 def make_scheduler(num_blocks: int, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
     return Scheduler(BlockManager(num_blocks, BLOCK, "test-model"), max_num_seqs, budget)
-
-
-def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 4) -> Sequence:
-    prompt = [(seq_id * 7 + i) % 50 for i in range(prompt_len)]
-    return Sequence(seq_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens), max_total_tokens=256)
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 500) -> int:

@@ -3,10 +3,10 @@ base-model requests are not held up by it, and a request for another adapter is 
 
 from engine.block_manager import BlockManager
 from engine.lora_modules import LoRARef
-from engine.runner_api import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from tests.engine.scheduler_steps import BLOCK, run_step
+from tests.engine.sequences import make_seq
 
 ADAPTERS = {lora_id: LoRARef(f"adapter-{lora_id}", lora_id) for lora_id in (1, 2, 3)}
 
@@ -15,10 +15,9 @@ def make_scheduler(max_loras: int | None, max_num_seqs: int = 16) -> Scheduler:
     return Scheduler(BlockManager(256, BLOCK, "test-model"), max_num_seqs, 256, max_loras=max_loras)
 
 
-def make_seq(seq_id: int, lora_id: int, max_tokens: int = 4) -> Sequence:
-    prompt = [(seq_id * 7 + i) % 50 for i in range(6)]
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    return Sequence(seq_id, prompt, sampling, max_total_tokens=64, adapter=ADAPTERS.get(lora_id))
+def lora_seq(seq_id: int, lora_id: int) -> Sequence:
+    """A six-token sequence under adapter ``lora_id`` (0: the base model)."""
+    return make_seq(seq_id, 6, max_total_tokens=64, adapter=ADAPTERS.get(lora_id))
 
 
 def adapters_per_step(scheduler: Scheduler, max_steps: int = 200) -> list[set[int]]:
@@ -32,7 +31,7 @@ def adapters_per_step(scheduler: Scheduler, max_steps: int = 200) -> list[set[in
 
 def test_no_step_holds_more_than_max_loras_adapters() -> None:
     scheduler = make_scheduler(max_loras=2)
-    seqs = [make_seq(seq_id, lora_id) for seq_id, lora_id in enumerate([1, 2, 3, 1, 3, 2, 0, 3])]
+    seqs = [lora_seq(seq_id, lora_id) for seq_id, lora_id in enumerate([1, 2, 3, 1, 3, 2, 0, 3])]
     for seq in seqs:
         scheduler.add(seq)
     steps = adapters_per_step(scheduler)
@@ -44,14 +43,14 @@ def test_no_step_holds_more_than_max_loras_adapters() -> None:
 def test_without_a_limit_every_adapter_shares_the_first_step() -> None:
     scheduler = make_scheduler(max_loras=None)
     for seq_id, lora_id in enumerate([1, 2, 3]):
-        scheduler.add(make_seq(seq_id, lora_id))
+        scheduler.add(lora_seq(seq_id, lora_id))
     assert {chunk.lora_id for chunk in run_step(scheduler)} == {1, 2, 3}
 
 
 def test_base_model_requests_pass_a_request_waiting_for_an_adapter_slot() -> None:
     scheduler = make_scheduler(max_loras=1)
     for seq_id, lora_id in enumerate([1, 2, 0, 1]):
-        scheduler.add(make_seq(seq_id, lora_id))
+        scheduler.add(lora_seq(seq_id, lora_id))
     first = run_step(scheduler)
     assert [(chunk.seq_id, chunk.lora_id) for chunk in first] == [(0, 1), (2, 0)]
     assert [seq.seq_id for seq in scheduler.waiting] == [1, 3], "adapter 1's later request queues behind adapter 2"
@@ -61,12 +60,12 @@ def test_a_request_for_another_adapter_is_not_starved_by_a_steady_stream() -> No
     """Adapter 1's requests keep arriving, one per step, each running a few steps: adapter 2's
     request, queued behind the first, still starts once the running adapter-1 requests drain."""
     scheduler = make_scheduler(max_loras=1)
-    scheduler.add(make_seq(0, 1))
+    scheduler.add(lora_seq(0, 1))
     run_step(scheduler)
-    waiting = make_seq(1, 2)
+    waiting = lora_seq(1, 2)
     scheduler.add(waiting)
     for seq_id in range(2, 40):
-        scheduler.add(make_seq(seq_id, 1))
+        scheduler.add(lora_seq(seq_id, 1))
         if any(chunk.seq_id == waiting.seq_id for chunk in run_step(scheduler)):
             break
     else:

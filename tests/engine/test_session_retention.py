@@ -18,9 +18,22 @@ class Clock:
         return self.now
 
 
-def serve(manager: BlockManager, seq_id: int, tokens: list[int], session: str | None = None) -> Sequence:
-    """Admit, compute and finish one request."""
-    seq = Sequence(seq_id, tokens, SamplingParams(max_tokens=1), max_total_tokens=1024, session=session)
+def serve(
+    manager: BlockManager,
+    seq_id: int,
+    tokens: list[int],
+    session: str | None = None,
+    session_ttl_s: float | None = None,
+) -> Sequence:
+    """Admit, compute and finish one request (of ``session``, retained for ``session_ttl_s``)."""
+    seq = Sequence(
+        seq_id,
+        tokens,
+        SamplingParams(max_tokens=1),
+        max_total_tokens=1024,
+        session=session,
+        session_ttl_s=session_ttl_s,
+    )
     assert manager.allocate(seq)
     seq.num_computed_tokens = len(tokens)
     manager.register_computed_blocks(seq)

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway_cluster import MODEL, chat, gateway_config, gateway_for, running, start_engines
-from tests.procs import ManagedProcess, free_port, http
+from tests.gateway_cluster import MODEL, chat, gateway_with_engines
+from tests.procs import ManagedProcess, http
 
 PATHS = ["/v1/chat/completions", "/v1/completions"]
 FIELDS = [
@@ -141,16 +141,12 @@ def rss_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    tmp_path = tmp_path_factory.mktemp("fuzz")
-    with running(start_engines(tmp_path, 1, "--sim", "--sim-preset", "instant")) as engines:
-        config = gateway_config(
-            free_port(),
-            engines,
-            limits={"max_tokens": 8, "max_tokens_policy": "clamp"},
-            tenants=[{"name": "fuzz", "api_keys": [KEY]}],
-        )
-        with gateway_for(tmp_path, config) as gateway:
-            yield gateway
+    with gateway_with_engines(
+        tmp_path_factory.mktemp("fuzz"),
+        limits={"max_tokens": 8, "max_tokens_policy": "clamp"},
+        tenants=[{"name": "fuzz", "api_keys": [KEY]}],
+    ) as gateway:
+        yield gateway
 
 
 def send(gateway: ManagedProcess, path: str, body: bytes, headers: dict[str, str]) -> None:

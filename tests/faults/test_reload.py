@@ -128,3 +128,62 @@ async def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
         assert status == 200 and events[-1] == b"[DONE]"
         assert len([event for event in events if isinstance(event, dict) and event.get("choices")]) >= 60
         assert await asyncio.to_thread(gateway.proc.wait, 30) == 0
+
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+TENANT = {"Authorization": "Bearer tenant-key"}
+
+
+async def reload_as_admin(session: aiohttp.ClientSession, gateway: ManagedProcess, query: str = "") -> tuple[int, dict]:
+    status, _, body = await post(session, f"{gateway.url}/admin/reload{query}", b"", ADMIN)
+    return status, body
+
+
+async def test_a_reload_that_would_open_the_gateway_or_empty_it_is_refused(tmp_path: Path) -> None:
+    """Truncated, empty and comment-only files, bad URLs, no backends, no tenants: the running config
+    and its authentication stay unless the reload names the change in ``allow``."""
+    with running(start_engines(tmp_path, 1, "--sim", "--sim-preset", "instant")) as engines:
+        secured = gateway_config(
+            free_port(),
+            engines,
+            tenants=[{"name": "team", "api_keys": ["tenant-key"]}],
+            admin={"api_key": "admin-key"},
+        )
+        with gateway_for(tmp_path, secured) as gateway:
+            config_path = tmp_path / "gateway.yaml"
+            text = config_path.read_text()
+            url = f"{gateway.url}/v1/chat/completions"
+            async with aiohttp.ClientSession() as session:
+
+                async def keyless_status() -> int:
+                    return (await post(session, url, chat("who is there?")))[0]
+
+                config_path.write_text(text[: text.index("tenants:")])
+                status, body = await reload_as_admin(session, gateway)
+                assert status == 400 and body["error"]["code"] == "unsafe_reload", body
+                assert "allow=no_auth" in body["error"]["message"]
+                os.kill(gateway.proc.pid, signal.SIGHUP)
+                await asyncio.sleep(0.5)
+                assert await keyless_status() == 401, "neither the endpoint nor SIGHUP turned auth off"
+
+                cut_mid_line = text[: text.index("tenants:") + len("tenants:\n- api_")]
+                for broken in ("", "\n\n", "# all commented out\n#backends: []\n", cut_mid_line):
+                    config_path.write_text(broken)
+                    status, body = await reload_as_admin(session, gateway, "?allow=no_backends,no_auth")
+                    assert status == 400 and body["error"]["code"] == "invalid_config", (broken, body)
+
+                bad_url = {**secured, "backends": [{"name": "e0", "url": "not a url"}]}
+                write_config(config_path, bad_url)
+                status, body = await reload_as_admin(session, gateway, "?allow=no_backends")
+                assert status == 400 and "backends.0.url" in body["error"]["message"], body
+
+                write_config(config_path, {**secured, "backends": []})
+                status, body = await reload_as_admin(session, gateway, "?allow=no_auth")
+                assert status == 400 and "allow=no_backends" in body["error"]["message"], body
+                status, _, reply = await post(session, url, chat("still served?"), TENANT)
+                assert status == 200, reply
+
+                write_config(config_path, {key: value for key, value in secured.items() if key != "tenants"})
+                status, body = await reload_as_admin(session, gateway, "?allow=no_auth")
+                assert status == 200 and body["status"] == "reloaded", body
+                assert await keyless_status() == 200, "an explicit allow=no_auth opens it"

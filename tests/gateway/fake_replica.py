@@ -23,8 +23,9 @@ from bench.processes import free_port
 from gateway.app import create_app
 from gateway.config import load_config, parse_config
 from gateway.state import GATEWAY, Gateway
+from tests.bodies import MODEL as MODEL
+from tests.bodies import chat as chat
 
-MODEL = "smollm2-135m"
 PROMPT_TOKENS = 40
 ANSWER = ["Hello", " there", "!"]
 HOLD = "[hold]"
@@ -170,10 +171,6 @@ async def gateway(config: dict[str, Any], config_file: Path | None) -> AsyncIter
 def state(client: TestClient) -> Gateway:
     """The running gateway's composition root (in-process tests may look inside)."""
     return client.app[GATEWAY]
-
-
-def chat(content: str = "Say hello.", **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}
 
 
 async def sse_payloads(reply: aiohttp.ClientResponse) -> list[Any]:

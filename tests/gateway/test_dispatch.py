@@ -36,8 +36,9 @@ async def test_a_replica_that_drops_the_connection_is_retried_on_another() -> No
     assert breaker._failures == len(failing.bodies) and breaker.state is BreakerState.CLOSED
 
 
-async def test_after_three_failed_replicas_the_client_gets_a_503() -> None:
-    fakes = [FakeReplica(Behaviour.FAIL_500) for _ in range(4)]
+async def test_after_three_unreachable_replicas_the_client_gets_a_503() -> None:
+    """(Replicas that answer 5xx are tests/gateway/test_answered_errors.py's.)"""
+    fakes = [FakeReplica(Behaviour.DROP) for _ in range(4)]
     async with (
         replicas(*fakes) as urls,
         gateway(gateway_config(urls), None) as client,

@@ -97,7 +97,8 @@ async def scenario(tmp_path: Path) -> None:
                     backend.release.set()
                     await reply.read()
             record = await wait_for_log(log_path)
-            assert record["ttft_s"] >= held_s - 0.01, f"TTFT {record['ttft_s']} counted the role chunk"
+            # The request reached the gateway after ``sent``, by a delay a busy machine stretches: half of held_s.
+            assert record["ttft_s"] >= held_s / 2, f"TTFT {record['ttft_s']} counted the role chunk"
         finally:
             await runner.cleanup()
 

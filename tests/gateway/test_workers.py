@@ -18,6 +18,7 @@ from tests.procs import ManagedProcess, free_port, kvgate_cmd, start
 
 INSTANT_SIM = ("--sim", "--sim-preset", "instant")
 REQUESTS = 40
+ROTATED = {"Authorization": "Bearer sk-rotated"}
 
 
 def _children(pid: int) -> list[int]:
@@ -92,8 +93,17 @@ async def test_two_workers_act_as_one_gateway(tmp_path: Path) -> None:
             assert {worker for _, worker in replies} == {"0", "1"}
 
             write_config(tmp_path / "gateway.yaml", config)
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{gateway.url}/admin/reload") as reply:
+                    assert reply.status == 400, "dropping every tenant needs allow=no_auth"
+                async with session.post(f"{gateway.url}/admin/reload?allow=no_auth") as reply:
+                    assert (await reply.json())["workers"] == {"0": "reloaded", "1": "reloaded"}
+            assert {status for status, _ in await _send(gateway.url, REQUESTS)} == {200}, "every worker was allowed"
+
+            rotated = {**config, "tenants": [{"name": "team", "api_keys": ["sk-rotated"]}]}
+            write_config(tmp_path / "gateway.yaml", rotated)
             os.kill(gateway.proc.pid, signal.SIGHUP)
-            await _wait_until_open(gateway.url)
+            await _wait_until_open(gateway.url, ROTATED)
 
             first, second = _children(gateway.proc.pid)
             os.kill(first, signal.SIGKILL)
@@ -103,7 +113,7 @@ async def test_two_workers_act_as_one_gateway(tmp_path: Path) -> None:
                 await asyncio.sleep(0.1)
             assert second in _children(gateway.proc.pid)
             await _wait_workers(gateway.url)
-            replies = await _send(gateway.url, REQUESTS)
+            replies = await _send(gateway.url, REQUESTS, ROTATED)
             assert {status for status, _ in replies} == {200}
             assert {worker for _, worker in replies} == {"0", "1"}
 
@@ -120,11 +130,11 @@ def test_workers_config_key_starts_that_many_workers(tmp_path: Path) -> None:
         assert len(_children(gateway.proc.pid)) == 2
 
 
-async def _wait_until_open(url: str, timeout_s: float = 30.0) -> None:
-    """Until both workers serve key-less requests again (the SIGHUP reload applied everywhere)."""
+async def _wait_until_open(url: str, headers: dict[str, str], timeout_s: float = 30.0) -> None:
+    """Until both workers serve requests with ``headers`` (the SIGHUP reload applied everywhere)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        replies = await _send(url, 20)
+        replies = await _send(url, 20, headers)
         if {status for status, _ in replies} == {200} and {worker for _, worker in replies} == {"0", "1"}:
             return
         await asyncio.sleep(0.2)

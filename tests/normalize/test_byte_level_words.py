@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
-from normalize.byte_level_words import ByteLevelWords
+from normalize.byte_level_words import MAX_DOMAINS, ByteLevelWords
 from normalize.chat_tokenizer import ChatTokenizer
 
 FRAGMENTS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", " ", "   ", "\n", "\r\n", "\t"]
@@ -35,7 +35,7 @@ def test_ascii_text_gets_the_tokenizers_ids(chat_tokenizer: ChatTokenizer, words
 def test_long_words_are_not_cached(chat_tokenizer: ChatTokenizer, words: ByteLevelWords) -> None:
     text = "x" + "." * 500 + " " * 300 + "y"
     assert words.encode(text) == chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
-    assert all(len(word) <= 64 for word in words._ids)
+    assert all(len(word) <= 64 for learned in words._learned.values() for word in learned)
 
 
 def test_other_text_is_left_to_the_tokenizer(words: ByteLevelWords) -> None:
@@ -65,6 +65,29 @@ def test_added_tokens_left_in_the_text_disqualify(chat_tokenizer: ChatTokenizer)
 def test_vocabulary_words_start_cached_with_the_tokenizers_ids(
     chat_tokenizer: ChatTokenizer, words: ByteLevelWords
 ) -> None:
-    assert len(words._ids) > 10_000, "SmolLM2's vocabulary is mostly ASCII words"
-    for word in sorted(words._ids)[::97]:
-        assert list(words._ids[word]) == chat_tokenizer.tokenizer.encode(word, add_special_tokens=False).ids
+    assert len(words._vocabulary) > 10_000, "SmolLM2's vocabulary is mostly ASCII words"
+    for word in sorted(words._vocabulary)[::97]:
+        assert list(words._vocabulary[word]) == chat_tokenizer.tokenizer.encode(word, add_special_tokens=False).ids
+
+
+def test_words_learned_in_one_isolation_domain_stay_there(chat_tokenizer: ChatTokenizer) -> None:
+    """Issue 28.5: a word cached for one cache salt must not make another salt's request faster."""
+    words = ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=True)
+    assert words is not None
+    text = " zqxvjw kvgateprobe qqzzyy"
+    expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    assert words.encode(text, "tenant-a") == expected
+    assert "kvgateprobe" not in words._vocabulary and " kvgateprobe" in words._learned["tenant-a"]
+    for salt in (None, "tenant-b"):
+        assert words.encode(" hello", salt) is not None
+        assert " kvgateprobe" not in words._learned[salt]
+    assert words.encode(text, "tenant-b") == expected
+
+
+def test_isolation_domains_are_bounded(chat_tokenizer: ChatTokenizer) -> None:
+    words = ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=True)
+    assert words is not None
+    for index in range(MAX_DOMAINS + 5):
+        words.encode(f" zqxword{index}", f"salt-{index}")
+    assert len(words._learned) == MAX_DOMAINS
+    assert "salt-0" not in words._learned and f"salt-{MAX_DOMAINS + 4}" in words._learned

@@ -6,11 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.procs import HttpReply, ManagedProcess, free_port, http, start_engine, start_gateway
+from tests.gateway_cluster import chat, gateway_with_engines, post_chat
+from tests.procs import HttpReply, ManagedProcess
 
-MODEL = "smollm2-135m"
 LINES = [
     f"Rule {number}: answer the customer of Café Zürich politely, briefly and in their language."
     for number in range(30)
@@ -19,42 +18,14 @@ CANONICAL = "\n".join(LINES)
 NOISY = unicodedata.normalize("NFD", "\r\n".join(line + "  " for line in LINES)) + "\r\n"
 
 
-def deployment(tmp_path: Path, normalize: dict) -> tuple[ManagedProcess, ManagedProcess]:
-    engine = start_engine(tmp_path, "--sim", "--num-blocks", "512")
-    port = free_port()
-    config = {
-        "listen": {"host": "127.0.0.1", "port": port},
-        "model": MODEL,
-        "backends": [{"name": "engine-0", "url": engine.url}],
-        "normalize": normalize,
-    }
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    try:
-        return engine, start_gateway(tmp_path, config_path, port)
-    except Exception:
-        engine.stop()
-        raise
-
-
 @pytest.fixture(params=[True, False], ids=["normalize-on", "normalize-off"])
 def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ManagedProcess, bool]]:
-    engine, gateway = deployment(tmp_path, {"enabled": request.param})
-    yield gateway, request.param
-    gateway.stop()
-    engine.stop()
+    with gateway_with_engines(tmp_path, [("--sim", "--num-blocks", "512")], normalize={"enabled": request.param}) as gw:
+        yield gw, request.param
 
 
-def chat(gateway: ManagedProcess, system: str) -> HttpReply:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Can I book for four?"}],
-        "max_tokens": 4,
-        "temperature": 0,
-    }
-    reply = http("POST", f"{gateway.url}/v1/chat/completions", body)
-    assert reply.status == 200, reply.body
-    return reply
+def ask(gateway: ManagedProcess, system: str) -> HttpReply:
+    return post_chat(gateway, chat("Can I book for four?", 4, system=system, temperature=0))
 
 
 def header(reply: HttpReply, name: str) -> str | None:
@@ -63,8 +34,8 @@ def header(reply: HttpReply, name: str) -> str | None:
 
 def test_second_variant_hits_only_when_normalized(gateway: tuple[ManagedProcess, bool]) -> None:
     server, normalized = gateway
-    first = chat(server, CANONICAL).json()
-    second_reply = chat(server, NOISY)
+    first = ask(server, CANONICAL).json()
+    second_reply = ask(server, NOISY)
     second = second_reply.json()
     prompt_tokens = first["usage"]["prompt_tokens"]
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -76,7 +47,7 @@ def test_second_variant_hits_only_when_normalized(gateway: tuple[ManagedProcess,
         assert changed is not None and {"nfc", "line_endings", "trailing_whitespace", "strip_message"} <= set(
             changed.split(",")
         )
-        assert header(chat(server, CANONICAL), "x-kvgate-normalized") is None
+        assert header(ask(server, CANONICAL), "x-kvgate-normalized") is None
     else:
         assert cached <= 32
         assert header(second_reply, "x-kvgate-normalized") is None

@@ -1,6 +1,7 @@
 """The Normalizer on whole request bodies: which parts it owns, what it reports, what it keeps."""
 
 import copy
+import threading
 
 import pytest
 from pydantic import ValidationError
@@ -174,3 +175,24 @@ def test_embedding_inputs_are_never_normalized() -> None:
     for given in (" Hi \r\n", [" Hi \r\n", "x "], [1, 2]):
         result = normalizer.apply({"model": "m", "input": given})
         assert result.body["input"] is given and result.changed == []
+
+
+async def test_a_large_body_is_normalized_on_a_worker_thread_with_the_same_result() -> None:
+    """Issue 28.1/28.14: long text (combining-mark runs, volatile spans) is normalized off the event loop."""
+    config = NormalizeConfig.model_validate({"rules": {"volatile_spans": True}, "roles": ["system", "developer"]})
+    normalizer = Normalizer(config)
+    large = body(system="Now: 2026-11-29 10:00.\r\n" + "o" + "\u0315\u0316\u0334" * 12_000 + " 12:30 pm")
+    small = body()
+    for request in (large, small):
+        assert (await normalizer.apply_async(request)) == normalizer.apply(request)
+    threads: list[str] = []
+    original = normalizer.apply
+
+    def recording(request: dict, *, responses: bool = False) -> object:
+        threads.append(threading.current_thread().name)
+        return original(request, responses=responses)
+
+    normalizer.apply = recording  # type: ignore[method-assign]
+    await normalizer.apply_async(large)
+    await normalizer.apply_async(small)
+    assert threads[0] != threading.main_thread().name and threads[1] == threading.main_thread().name

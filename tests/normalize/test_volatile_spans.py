@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from normalize.volatile_spans import PRESETS, VolatileSpans, volatile_note
@@ -36,3 +38,16 @@ def test_numbering_continues_and_note_lists_values() -> None:
     assert stable == "on [volatile #3] for [volatile #4]"
     assert values == ["2026-01-02", "ticket-77"]
     assert volatile_note(["a", "b"]) == "\n\n[volatile #1: a]\n[volatile #2: b]"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "At 2026-11-29T10:00:00Z and 9:30 pm, req_8f2a9c1dE7 on 11/29/2026; 12:30:45 AM. v1.2:3 1:1:1:1:",
+        "1:1:1:1:" * 500 + " 2026-01-02 10:00+01:00 " + "req-" * 50 + "123e4567-e89b-12d3-a456-426614174000",
+    ],
+)
+def test_the_regex_package_matches_as_re_does(text: str) -> None:
+    """The patterns run on `regex` (it releases the GIL while scanning); their matches are `re`'s."""
+    compiled = re.compile("|".join(f"(?:{pattern})" for pattern in PRESETS.values()))
+    assert ALL_PRESETS.extract(text)[1] == [match.group() for match in compiled.finditer(text)]

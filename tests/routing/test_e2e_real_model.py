@@ -1,13 +1,11 @@
 """Cache-aware routing in front of two engines running SmolLM2 for real (predicted mode)."""
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from tests.gateway_cluster import MODEL, gateway_config, gateway_for, running
-from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.gateway_cluster import MODEL, gateway_with_engines
+from tests.procs import ManagedProcess, http
 
 pytestmark = pytest.mark.slow
 
@@ -20,11 +18,8 @@ SYSTEM = (
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    tmp_path: Path = tmp_path_factory.mktemp("routing-real")
-    with ThreadPoolExecutor(2) as pool:
-        flags = ("--num-blocks", "256", "--max-model-len", "1024")
-        engines = list(pool.map(lambda i: start_engine(tmp_path, *flags, name=f"real{i}"), range(2)))
-    with running(engines), gateway_for(tmp_path, gateway_config(free_port(), engines, routing={})) as gateway:
+    real_model = ("--num-blocks", "256", "--max-model-len", "1024")
+    with gateway_with_engines(tmp_path_factory.mktemp("routing-real"), [real_model] * 2, routing={}) as gateway:
         yield gateway
 
 

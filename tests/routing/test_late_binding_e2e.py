@@ -46,9 +46,7 @@ def gateway(engines: list[ManagedProcess], tmp_path: Path) -> Iterator[ManagedPr
         "prefill_tokens_per_s": 1 / PREFILL_S_PER_TOKEN,
         "late_binding": {"enabled": True, "max_wait_s": 60},
     }
-    config = gateway_config(free_port(), engines, routing=routing)
-    for backend in config["backends"]:
-        backend["kv_capacity_blocks"] = 1024
+    config = gateway_config(free_port(), engines, every_backend={"kv_capacity_blocks": 1024}, routing=routing)
     with gateway_for(tmp_path, config) as process:
         yield process
 

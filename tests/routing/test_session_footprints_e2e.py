@@ -24,9 +24,18 @@ ENGINE = (
 )
 """Prefill at 1,000 tokens/s, so that the system prompt a replica lacks costs a tenth of a second."""
 CONVERSATIONS = 8
-SETTLE_S = 0.2
-"""Pause between conversations: the gateway polls the replicas' load every 50 ms, so each routing
-decision sees idle replicas rather than a report taken while the previous turn ran."""
+
+
+def wait_until_routing_sees_idle_replicas(gateway: ManagedProcess) -> None:
+    """Between conversations: the gateway polls the replicas' load every 50 ms, so that each routing
+    decision sees idle replicas rather than a report taken while the previous turn ran."""
+    deadline = time.monotonic() + 30
+    while True:
+        replicas = http("GET", f"{gateway.url}/dashboard/stats.json").json()["replicas"]
+        if all(not (r["in_flight"] or r["num_running"] or r["num_waiting"]) for r in replicas):
+            return
+        assert time.monotonic() < deadline, f"replicas never reported idle: {replicas}"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +66,7 @@ def open_conversations(engines: list[ManagedProcess], tmp_path: Path, footprints
             reply = http("POST", f"{gateway.url}/v1/chat/completions", body)
             assert reply.status == 200, reply.body
             backends.append(reply.headers["x-kvgate-backend"])
-            time.sleep(SETTLE_S)
+            wait_until_routing_sees_idle_replicas(gateway)
     return backends
 
 

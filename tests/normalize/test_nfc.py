@@ -1,0 +1,68 @@
+"""NFC in linear time gives exactly ``unicodedata``'s NFC (issue 28.1)."""
+
+import time
+import unicodedata
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from normalize import nfc
+from normalize.nfc import LONG_RUN, PIECE_CHARS, to_nfc
+
+MARKS = "\u0300\u0301\u0315\u0316\u031b\u0323\u0334\u0345\u05b0\u0f71\u0f72\u0f73\u0344\U0001d165\U0001d167"
+STARTERS = "aeoAΩαй\u1100\u1161\u11a8가\u0bbe\u0bc6\u0f40 \n東😀é"
+texts = st.lists(
+    st.one_of(
+        st.text(st.sampled_from(MARKS + STARTERS), max_size=40),
+        st.builds(
+            lambda base, marks, count: base + marks * count,
+            st.sampled_from(STARTERS),
+            st.text(st.sampled_from(MARKS), min_size=1, max_size=4),
+            st.integers(LONG_RUN // 3, 200),
+        ),
+    ),
+    max_size=8,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=texts)
+def test_same_as_unicodedata(text: str) -> None:
+    assert to_nfc(text) == unicodedata.normalize("NFC", text)
+
+
+@settings(max_examples=30, deadline=None)
+@given(text=texts, filler=st.sampled_from(["x", "é ", "東", "\u0bbe\u0301", "😀"]))
+def test_same_as_unicodedata_when_cut_into_pieces(text: str, filler: str) -> None:
+    long = filler * (PIECE_CHARS // len(filler) + 7) + text + filler * 50 + text
+    assert to_nfc(long) == unicodedata.normalize("NFC", long)
+
+
+def test_cut_characters_never_join_what_precedes_them() -> None:
+    """Every character the pieces may start with is a starter, decomposes to a starter and is no
+    composition's second character, checked against the whole Unicode database."""
+    seconds = nfc._composition_seconds()
+    for code in range(0x110000):
+        char = chr(code)
+        if nfc._CUT.fullmatch(char):
+            first = unicodedata.normalize("NFD", char)[0]
+            assert unicodedata.combining(char) == 0 and unicodedata.combining(first) == 0, hex(code)
+            assert ord(first) not in seconds and code not in seconds, hex(code)
+        if unicodedata.combining(unicodedata.normalize("NFD", char)[0]):
+            assert nfc._LONG_RUN.fullmatch(char * LONG_RUN), hex(code)
+
+
+def test_long_runs_of_marks_take_linear_time() -> None:
+    """The issue's input (and other marks, out of canonical order) against NFC of plain text of the
+    same length: quadratic reordering took seconds where plain text takes milliseconds."""
+    plain = "e\u0301" * 60_000
+    started = time.perf_counter()
+    to_nfc(plain)
+    baseline = time.perf_counter() - started
+    for marks in ("\u0315\u0316\u0334", "\u0301\u0323\u031b", "\U0001d167\u0345\u0300"):
+        hostile = "a" + marks * 40_000
+        started = time.perf_counter()
+        canonical = to_nfc(hostile)
+        elapsed = time.perf_counter() - started
+        assert elapsed < 20 * baseline + 0.05, f"{marks!a}: {elapsed:.3f}s against {baseline:.3f}s for plain text"
+        assert unicodedata.is_normalized("NFC", canonical)
