@@ -69,6 +69,9 @@ class BackendSpec(ConfigSection):
     """Forward the client's session key (``x-session-id`` or ``user``) as ``kvgate_session`` in the
     body, so the bundled engine evicts one-shot prompts before active sessions' latest turns.
     None: only to replicas that answer the bundled engine's /stats (vLLM would ignore the field)."""
+    anthropic_messages: bool = False
+    """The replica serves Anthropic's ``POST /v1/messages`` itself (vLLM >= 0.10, SGLang): a Messages
+    request routed here is forwarded as Anthropic's body and answered as it answers, not translated."""
     adapters: list[str] = []
     """LoRA adapters this replica serves (vLLM `--lora-modules` names); a client names one as `model`.
     Adapters the replica lists in its /v1/models (entries with a `parent`) are added to these."""

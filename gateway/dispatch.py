@@ -87,6 +87,19 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class NativeForm:
+    """The request in its client's protocol, for replicas that serve that protocol themselves
+    (``backends[].anthropic_messages``); the others get the translated ``Forwarding.body``."""
+
+    path: str
+    body: dict
+    stream_format: str
+    stream_response: Callable[..., web.StreamResponse]
+    on_chosen: Callable[[bool], None]
+    """Told, per attempt, whether the replica got this form (True) or the translated one."""
+
+
+@dataclass(frozen=True)
 class Forwarding:
     """What goes to the backend and back to the client, whatever replica serves it."""
 
@@ -102,6 +115,7 @@ class Forwarding:
     stream_format: str = "chat"
     stream_response: Callable[..., web.StreamResponse] = web.StreamResponse
     """Makes the client's streamed response (a front end's translates what the proxy writes)."""
+    native: NativeForm | None = None
 
 
 class Dispatcher:
@@ -249,12 +263,19 @@ class Dispatcher:
                     prefill_done()
                     self.held.notify(backend.name)
 
+                native = forwarding.native if backend.spec.anthropic_messages else None
+                if forwarding.native is not None:
+                    forwarding.native.on_chosen(native is not None)
+                if native is not None:
+                    body = native.body
+                elif backend.takes_retention_hints:
+                    body = with_retention_hint(forwarding.body, retention_hint(request, decision))
+                else:
+                    body = without_retention_hint(forwarding.body)
                 call = ProxyCall(
                     client=self.upstream,
-                    url=f"{backend.spec.url}{forwarding.path}",
-                    body=with_retention_hint(forwarding.body, retention_hint(request, decision))
-                    if backend.takes_retention_hints
-                    else without_retention_hint(forwarding.body),
+                    url=f"{backend.spec.url}{native.path if native else forwarding.path}",
+                    body=body,
                     stream=forwarding.stream,
                     include_usage=forwarding.include_usage,
                     headers={**forwarding.headers, **decision_headers(decision)},
@@ -264,8 +285,8 @@ class Dispatcher:
                     on_first_token=first_token,
                     on_sent=routed,
                     upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
-                    stream_format=forwarding.stream_format,
-                    stream_response=forwarding.stream_response,
+                    stream_format=native.stream_format if native else forwarding.stream_format,
+                    stream_response=native.stream_response if native else forwarding.stream_response,
                     redactor=backend.redactor,
                 )
                 forwarding.progress.decision, forwarding.progress.outcome = decision, call.outcome

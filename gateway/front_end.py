@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gateway.dispatch import NativeForm
 from gateway.errors import OpenAIError
 from gateway.openai_request import ParsedRequest
 from gateway.served_model import ServedModel
@@ -28,6 +29,11 @@ class FrontEnd(Protocol):
 
     def stream_response(self, *, status: int, headers: dict[str, str]) -> web.StreamResponse:
         """The response the proxy streams the backend's chunks into."""
+        ...
+
+    def native_form(self, forwarded: dict[str, Any]) -> NativeForm | None:
+        """The request in the client's protocol for replicas that serve it themselves, given the
+        translated body the others get (``forwarded``: its model, granted cap and cache salt)."""
         ...
 
     def finish(self, response: web.StreamResponse) -> web.StreamResponse:

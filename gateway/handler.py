@@ -143,9 +143,10 @@ async def _handle(
                 adapter=target.adapter,
                 tenant=tenant.name,
             )
+            upstream_body = _named_upstream(body, target)
             forwarding = Forwarding(
                 path=endpoint.value,
-                body=_named_upstream(body, target),
+                body=upstream_body,
                 stream=parsed.stream,
                 include_usage=parsed.include_usage,
                 headers=response_headers(request_id, normalized.changed),
@@ -153,6 +154,7 @@ async def _handle(
                 upstream_headers=trace.headers(),
                 stream_format="responses" if endpoint is Endpoint.RESPONSES else "chat",
                 stream_response=front.stream_response if front else web.StreamResponse,
+                native=front.native_form(upstream_body) if front else None,
             )
             dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding, priority)
     except OpenAIError as error:

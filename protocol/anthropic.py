@@ -160,3 +160,20 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
             continue
         parts.append(str(part))
     return ".".join(parts) or None
+
+
+def chat_usage_of_anthropic(usage: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic ``usage`` in chat-completion terms. Anthropic's ``input_tokens`` excludes the
+    tokens read from and written to the cache, so the prompt is all three together, and the
+    cache reads are OpenAI's ``cached_tokens``."""
+    counts = {
+        key: value if isinstance(value := usage.get(key), int) else 0
+        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    }
+    prompt = counts["input_tokens"] + counts["cache_read_input_tokens"] + counts["cache_creation_input_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": counts["output_tokens"],
+        "total_tokens": prompt + counts["output_tokens"],
+        "prompt_tokens_details": {"cached_tokens": counts["cache_read_input_tokens"]},
+    }

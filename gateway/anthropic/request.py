@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import bad_request
+from gateway.errors import OpenAIError, bad_request
 from gateway.routing.cache_keys import SESSION_TTL
 from protocol.anthropic import (
     CountTokensRequest,
@@ -25,6 +25,7 @@ from protocol.anthropic import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from protocol.sampling_bounds import check_sampling_bounds
 
 CACHE_KEY_PREFIX = "anthropic-cache:"
 """Marks a session key derived from a cache breakpoint's prefix."""
@@ -67,6 +68,15 @@ class _Messages:
             self.breakpoint = Breakpoint(len(self.messages), part, ttl)
             self.ttls.add(ttl)
         self.messages.append(message)
+
+
+def check_stop_sequences(stop_sequences: list[str] | None) -> None:
+    """The gateway's bound on stop strings (protocol/sampling_bounds.py), as a 400 naming ``stop_sequences``."""
+    try:
+        check_sampling_bounds(stop_sequences, None)
+    except OpenAIError as error:
+        message = error.message.replace("'stop'", "'stop_sequences'")
+        raise bad_request(message, param="stop_sequences", code=error.code) from None
 
 
 def chat_body(request: MessagesRequest) -> Translated:

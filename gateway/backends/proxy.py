@@ -37,6 +37,7 @@ import orjson
 from aiohttp import web
 from opentelemetry import trace
 
+from gateway.anthropic.native_stream import END_EVENT, OUTPUT_EVENT, NativeStreamReader, failure_event, native_usage
 from gateway.backends.secret_redaction import NO_SECRETS, Redactor
 from gateway.backends.upstream_client import UnsendableHeader, UpstreamClient, UpstreamResponse
 from gateway.backends.upstream_error import openai_error_body
@@ -107,7 +108,10 @@ class ProxyCall:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     """Headers sent to the backend beside Content-Type (Authorization, extra headers, traceparent)."""
     stream_format: str = "chat"
-    """``chat`` (chat and text completions: ``data:`` chunks, ``[DONE]``) or ``responses``."""
+    """``chat`` (chat and text completions: ``data:`` chunks, ``[DONE]``), ``responses``, or
+    ``anthropic`` (a backend's own ``/v1/messages``: its usage and events are Anthropic's)."""
+    native_stream: NativeStreamReader = field(default_factory=NativeStreamReader)
+    """What an ``anthropic`` stream's events said so far."""
     redactor: Redactor = NO_SECRETS
     """The backend's configured secrets, redacted from everything relayed to the client."""
     stream_response: Callable[..., web.StreamResponse] = web.StreamResponse
@@ -164,7 +168,7 @@ async def _relay_whole(call: ProxyCall, upstream: UpstreamResponse) -> tuple[web
     outcome.status, outcome.first_token_at = upstream.status, arrived
     if upstream.status == 200:
         outcome.completed = True
-        outcome.usage = _usage_of(data)
+        outcome.usage = native_usage(data) if call.stream_format == "anthropic" else _usage_of(data)
     else:
         outcome.error_code = _error_code(data)
     content_type = call.redactor.redact_text(upstream.content_type or "application/json")
@@ -212,6 +216,8 @@ async def _relay_stream(
 
 def _failure_event(call: ProxyCall, failure: str) -> bytes:
     """The SSE event that ends a broken stream: an error chunk, or a Responses `error` event."""
+    if call.stream_format == "anthropic":
+        return failure_event(failure)
     if call.stream_format == "responses":
         event = {"type": "error", "code": "upstream_error", "message": failure, "param": None}
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
@@ -225,6 +231,9 @@ def _first_token(call: ProxyCall, outcome: UpstreamOutcome) -> None:
 
 async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, event: bytes) -> None:
     event = await _redacted(call.redactor, event)
+    if call.stream_format == "anthropic":
+        await _write_anthropic_event(call, response, outcome, event)
+        return
     if call.stream_format == "responses":
         _read_responses_event(outcome, event)
         delta = any(kind in event for kind in _RESPONSES_DELTAS)
@@ -295,6 +304,35 @@ async def _end_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: Up
     if call.include_usage:
         events.append({**chunk, "choices": [], "usage": outcome.usage})
     await response.write(b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n")
+
+
+async def _write_anthropic_event(
+    call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, event: bytes
+) -> None:
+    """Relay a backend's own Anthropic event as it is, noting output, usage and the end; past the
+    granted cap, close the stream with ``stop_reason: max_tokens`` instead."""
+    kind = call.native_stream.read(event)
+    if kind == OUTPUT_EVENT:
+        if outcome.first_token_at is None:
+            _first_token(call, outcome)
+        if outcome.token_chunks >= call.max_tokens:
+            outcome.capped = outcome.completed = True
+            outcome.usage = {
+                "prompt_tokens": call.prompt_tokens,
+                "completion_tokens": call.max_tokens,
+                "total_tokens": call.prompt_tokens + call.max_tokens,
+                "prompt_tokens_details": {"cached_tokens": call.native_stream.usage.get("cache_read_input_tokens")},
+            }
+            await response.write(call.native_stream.closing_events(call.max_tokens))
+            return
+        outcome.token_chunks += 1
+    elif kind == END_EVENT:
+        outcome.completed = True
+        if outcome.first_token_at is None:
+            _first_token(call, outcome)
+    if call.native_stream.final_usage is not None:
+        outcome.usage = call.native_stream.final_usage
+    await response.write(event)
 
 
 async def _end_responses_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome) -> None:
