@@ -179,7 +179,7 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[Re
         stack.callback(process.stop)
         started.append((process, Replica(process.url, events, replay, load)))
     for process, _ in started:
-        wait_ready(process, lambda url=process.url: http_ok(f"{url}/health"))
+        wait_ready(process, partial(http_ok, f"{process.url}/health"))
     return [replica for _, replica in started]
 
 

@@ -97,14 +97,14 @@ def measure_prefix_ttft(target: Target, settings: Settings) -> list[Measurement]
     return [
         Measurement(
             f"cold TTFT, {settings.prompt_tokens}-token prompt",
-            statistics.median(r.ttft_s for r in cold),
+            statistics.median(r.ttft for r in cold),
             "s",
             False,
             load,
         ),
         Measurement(
             f"TTFT, {settings.cached_tokens} of {settings.prompt_tokens} tokens cached",
-            statistics.median(r.ttft_s for r in warm),
+            statistics.median(r.ttft for r in warm),
             "s",
             False,
             load,
@@ -122,7 +122,7 @@ def measure_decode(target: Target, settings: Settings) -> Measurement:
     ]
     load = load_avg()
     results, _ = send_all(target, requests, 1, "decode")
-    rates = [(result.output_tokens - 1) / (result.e2e_s - result.ttft_s) for result in results]
+    rates = [(result.output_tokens - 1) / (result.e2e - result.ttft) for result in results]
     return Measurement("decode, one request", statistics.median(rates), "tokens/s", True, load)
 
 
@@ -132,7 +132,7 @@ def measure_concurrency(target: Target, settings: Settings, concurrency: int) ->
     requests = [BenchRequest(f"c{i}", f"c{i}", 0.0, settings.output_tokens, prompt) for i, prompt in enumerate(prompts)]
     load = load_avg()
     results, duration = send_all(target, requests, None, f"concurrency-{concurrency}")
-    ttft = statistics.median(result.ttft_s for result in results)
+    ttft = statistics.median(result.ttft for result in results)
     return Measurement(
         f"output tokens/s, {concurrency} concurrent",
         sum(result.output_tokens for result in results) / duration,

@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import redis.asyncio as redis
@@ -95,7 +96,7 @@ async def run(requests: int, concurrency: int, server_url: str) -> None:
     await measure("redis", lambda: RedisLimiter(shared), requests, concurrency)
 
 
-def with_redis_server(body: Callable[[str], Awaitable[None]]) -> None:
+def with_redis_server(body: Callable[[str], Coroutine[Any, Any, None]]) -> None:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")

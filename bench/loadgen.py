@@ -53,6 +53,20 @@ class RequestResult:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None and self.ttft_s is not None
 
+    @property
+    def ttft(self) -> float:
+        """``ttft_s`` of a request that got its first token (every ``ok`` one)."""
+        if self.ttft_s is None:
+            raise ValueError(f"{self.request_id} got no first token")
+        return self.ttft_s
+
+    @property
+    def e2e(self) -> float:
+        """``e2e_s`` of a request that finished."""
+        if self.e2e_s is None:
+            raise ValueError(f"{self.request_id} did not finish")
+        return self.e2e_s
+
 
 @dataclass
 class LoadResult:

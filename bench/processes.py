@@ -74,6 +74,12 @@ class Process:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def command_head(self) -> list[str]:
+        """The first words of its command line, to name it in errors."""
+        args = self.proc.args
+        return [str(arg) for arg in args[:4]] if isinstance(args, list) else [str(args)]
+
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
@@ -130,9 +136,9 @@ def wait_ready(process: Process, is_ready: Callable[[], bool], timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.proc.poll() is not None:
-            raise RuntimeError(f"{process.proc.args[:4]} exited with {process.proc.returncode}:\n{process.log_tail()}")
+            raise RuntimeError(f"{process.command_head} exited with {process.proc.returncode}:\n{process.log_tail()}")
         if is_ready():
             return
         time.sleep(0.2)
     process.stop()
-    raise TimeoutError(f"{process.proc.args[:4]} not ready after {timeout_s}s:\n{process.log_tail()}")
+    raise TimeoutError(f"{process.command_head} not ready after {timeout_s}s:\n{process.log_tail()}")

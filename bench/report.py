@@ -1,7 +1,7 @@
 """Turn per-request results into the comparison: a table (printed, JSON, Markdown) and PNG plots."""
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,7 +90,7 @@ def write_report(
     bounds: Bounds | None,
     ttft_slo_s: float,
     failures: dict[str, str],
-    meta: dict[str, object],
+    meta: Mapping[str, object],
 ) -> str:
     """Write report.json, report.md, hit_rate.png and ttft_cdf.png; return the Markdown."""
     out_dir.mkdir(parents=True, exist_ok=True)

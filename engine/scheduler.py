@@ -59,7 +59,7 @@ class Scheduler:
         the prefill work exactly (and spares the router needless load spills), but that count no
         longer sees a replica taking on more sessions than its cache holds: on multi-turn every
         new session went to the one replica holding the system prompt, 86.7 % -> 67.9-75.1 % hits
-        in real runs (bench/RESULTS.md, "Load spills on synthetic 1600, measured")."""
+        in real runs (bench/notes/2026-11-30-load-spills-on-synthetic-1600-measured-the-owner-s.md)."""
         prefilling = sum(
             seq.num_prompt_tokens - seq.num_computed_tokens
             for seq in self.running

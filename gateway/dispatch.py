@@ -41,9 +41,8 @@ from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError, service_unavailable
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import Router
-from gateway.routing.types import Hold, RouteDecision, RouteRequest
+from gateway.routing.types import Hold, RouteDecision, RouteReason, RouteRequest
 from protocol.tracing import span
-from protocol.usage import cached_tokens, total_tokens
 
 log = logging.getLogger("kvgate.dispatch")
 
@@ -185,7 +184,7 @@ class Dispatcher:
             if attempt:
                 decision = RouteDecision(
                     decision.backend,
-                    "retry",
+                    RouteReason.RETRY,
                     decision.predicted_cached_tokens,
                     decision.ranked,
                     retention_key=decision.retention_key,
@@ -302,7 +301,9 @@ class Dispatcher:
         finally:
             routed()
             ok = outcome is not None and outcome.completed
-            self.router.on_finished(request, backend.name, cached_tokens(outcome.usage if outcome else None), ok=ok)
+            self.router.on_finished(
+                request, backend.name, outcome.usage.cached_tokens if outcome and outcome.usage else None, ok=ok
+            )
             self.queue.notify()
             self.held.notify(backend.name)
         if outcome.completed or outcome.status != 200:
@@ -353,7 +354,7 @@ def tokens_used(
     (``prefill_started``); nothing when no backend got the request or it refused it."""
     if outcome is None or outcome.first_token_at is None or outcome.status != 200:
         return request.prompt_tokens if prefill_started else 0
-    total = total_tokens(outcome.usage)
+    total = outcome.usage.total_tokens if outcome.usage else None
     if total is not None:
         return total
     if outcome.completed:

@@ -13,6 +13,9 @@ files through ``normalize``; ``normalize`` and ``radix`` may use the wire contra
 Inside the gateway, only the app factory (``gateway/app.py``) and modules of request handlers
 (an ``async def`` taking a ``web.Request``) import the composition root, ``gateway/state.py``;
 every other part gets the parts it reads passed in.
+
+No product module imports itself back through any chain of imports (``TYPE_CHECKING`` included):
+the module graph has no cycle.
 """
 
 import ast
@@ -42,6 +45,70 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules.add(node.module)
     return modules
+
+
+def module_name(path: Path, root: Path) -> str:
+    """The dotted module name of a source file (a package's ``__init__`` is the package)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_targets(path: Path, root: Path, modules: set[str]) -> set[str]:
+    """Product modules this file imports, relative imports and ``from package import module`` resolved."""
+    package = module_name(path.parent / "__init__.py", root)
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        targets.update(name for name in names if name in modules)
+    return targets
+
+
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Each product module and the product modules it imports (itself excluded)."""
+    paths = {module_name(path, root): path for package in ALLOWED for path in sorted((root / package).rglob("*.py"))}
+    modules = set(paths)
+    return {name: imported_targets(path, root, modules) - {name} for name, path in paths.items()}
+
+
+def import_cycles(root: Path = REPO) -> list[list[str]]:
+    """Every strongly connected component of more than one module in the import graph (Tarjan), sorted."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = lowlink[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                lowlink[node] = min(lowlink[node], lowlink[target])
+            elif target in on_stack:
+                lowlink[node] = min(lowlink[node], index[target])
+        if lowlink[node] == index[node]:
+            component: list[str] = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
 
 
 def upward_imports(root: Path = REPO) -> list[str]:
@@ -115,3 +182,23 @@ def test_the_walk_finds_upward_imports(tmp_path: Path) -> None:
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "bad.py").write_text("import gateway.config as config\nfrom planner import load\n")
     assert upward_imports(tmp_path) == ["engine/bad.py imports gateway.config", "radix/bad.py imports gateway.state"]
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycles() == []
+
+
+def test_the_walk_finds_an_import_cycle_through_type_checking(tmp_path: Path) -> None:
+    """The check can fail: a cycle closed by a relative import under ``TYPE_CHECKING`` is seen."""
+    (tmp_path / "gateway" / "admission").mkdir(parents=True)
+    (tmp_path / "gateway" / "__init__.py").write_text("")
+    (tmp_path / "gateway" / "admission" / "__init__.py").write_text("")
+    (tmp_path / "gateway" / "admission" / "limiter.py").write_text("from gateway.admission import tenants\n")
+    (tmp_path / "gateway" / "admission" / "tenants.py").write_text("from .local_limiter import LocalLimiter\n")
+    (tmp_path / "gateway" / "admission" / "local_limiter.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.admission.limiter import Limiter\n"
+    )
+    (tmp_path / "gateway" / "admission" / "queue.py").write_text("from gateway.admission.tenants import Tenant\n")
+    assert import_cycles(tmp_path) == [
+        ["gateway.admission.limiter", "gateway.admission.local_limiter", "gateway.admission.tenants"]
+    ]

@@ -69,8 +69,8 @@ def report(results: list[RequestResult], args: argparse.Namespace) -> None:
         raise SystemExit(f"{len(failed)} requests failed: {failed[0].error or failed[0].status}")
     cold = [result for result in results if result.group == "cold"]
     warm = [result for result in results if result.group == "warm"]
-    cold_ttft = statistics.median(result.ttft_s for result in cold)
-    warm_ttft = statistics.median(result.ttft_s for result in warm)
+    cold_ttft = statistics.median(result.ttft for result in cold)
+    warm_ttft = statistics.median(result.ttft for result in warm)
     print(f"prompt {args.prompt_tokens} tokens, {args.trials} trials, engine flags: {args.engine_flags}")
     print(f"cold TTFT median:   {cold_ttft * 1000:8.1f} ms  (cached tokens {[r.cached_tokens for r in cold]})")
     print(f"cached TTFT median: {warm_ttft * 1000:8.1f} ms  (cached tokens {[r.cached_tokens for r in warm]})")

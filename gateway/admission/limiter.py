@@ -13,18 +13,15 @@ the config's choice (``shared_state``), made once in the gateway's composition r
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gateway.admission.tenant_counters import TenantCounters
 from gateway.errors import OpenAIError, too_many_requests
-
-if TYPE_CHECKING:
-    from gateway.admission.tenants import Tenant
 
 
 @dataclass
@@ -41,34 +38,34 @@ class TokenCharge:
 class Slot:
     """A request's place among its tenant's concurrent requests; each limiter adds what it needs to free it."""
 
-    tenant: "Tenant"
+    tenant: TenantCounters
 
 
 @dataclass
 class Tokens:
     """Tokens taken from a tenant's per-minute budget; each limiter adds where they came from."""
 
-    tenant: "Tenant"
+    tenant: TenantCounters
     count: int
 
 
 class TenantLimiter(ABC):
     @asynccontextmanager
-    async def admit(self, tenant: "Tenant", tokens: int) -> AsyncIterator[TokenCharge]:
+    async def admit(self, tenant: TenantCounters, tokens: int) -> AsyncIterator[TokenCharge]:
         """A slot and ``tokens`` of the budget, or raise 429/503."""
         async with self.hold_slot(tenant), self.charge(tenant, tokens) as charge:
             yield charge
 
-    def hold_slot(self, tenant: "Tenant") -> "SlotHold":
+    def hold_slot(self, tenant: TenantCounters) -> "SlotHold":
         """One of the tenant's concurrent slots and one request of its per-minute budget, or raise 429/503."""
         return SlotHold(self, tenant)
 
-    def charge(self, tenant: "Tenant", tokens: int) -> "Charge":
+    def charge(self, tenant: TenantCounters, tokens: int) -> "Charge":
         """``tokens`` of the tenant's per-minute budget, or raise 429/503; settled on ``charge.used``."""
         return Charge(self, tenant, tokens)
 
     @abstractmethod
-    async def take_slot(self, tenant: "Tenant") -> Slot:
+    async def take_slot(self, tenant: TenantCounters) -> Slot:
         """Take a slot (and a request), or nothing and raise an OpenAIError."""
 
     @abstractmethod
@@ -76,7 +73,7 @@ class TenantLimiter(ABC):
         """Free the slot; never raises."""
 
     @abstractmethod
-    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+    async def take_tokens(self, tenant: TenantCounters, tokens: int) -> Tokens:
         """Take ``tokens`` of the budget, or nothing and raise an OpenAIError."""
 
     @abstractmethod
@@ -91,7 +88,7 @@ class TenantLimiter(ABC):
     async def stop(self) -> None:
         """End background work and close connections."""
 
-    async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
+    async def shared_status(self, tenants: Sequence[TenantCounters]) -> dict[str, object] | None:
         """What the shared store holds for ``tenants`` (for /admin/backends); None when nothing is shared."""
         return None
 
@@ -106,7 +103,7 @@ class SlotHold:
 
     __slots__ = ("_limiter", "_tenant", "_slot")
 
-    def __init__(self, limiter: TenantLimiter, tenant: "Tenant") -> None:
+    def __init__(self, limiter: TenantLimiter, tenant: TenantCounters) -> None:
         self._limiter = limiter
         self._tenant = tenant
         self._slot: Slot | None = None
@@ -125,7 +122,7 @@ class Charge:
 
     __slots__ = ("_limiter", "_tenant", "_tokens", "_taken", "_charge")
 
-    def __init__(self, limiter: TenantLimiter, tenant: "Tenant", tokens: int) -> None:
+    def __init__(self, limiter: TenantLimiter, tenant: TenantCounters, tokens: int) -> None:
         self._limiter = limiter
         self._tenant = tenant
         self._tokens = tokens

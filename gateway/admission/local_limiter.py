@@ -1,7 +1,5 @@
 """Tenant caps counted in this gateway's memory: the embedded default, and the fallback while Redis is away."""
 
-from typing import TYPE_CHECKING
-
 from gateway.admission.limiter import (
     Slot,
     TenantLimiter,
@@ -10,9 +8,7 @@ from gateway.admission.limiter import (
     requests_exceeded,
     tokens_exceeded,
 )
-
-if TYPE_CHECKING:
-    from gateway.admission.tenants import Tenant
+from gateway.admission.tenant_counters import TenantCounters
 
 
 class LocalLimiter(TenantLimiter):
@@ -24,19 +20,19 @@ class LocalLimiter(TenantLimiter):
     async def stop(self) -> None:
         return None
 
-    async def take_slot(self, tenant: "Tenant") -> Slot:
+    async def take_slot(self, tenant: TenantCounters) -> Slot:
         return self.take_slot_now(tenant)
 
     async def free_slot(self, slot: Slot) -> None:
         self.free_slot_now(slot)
 
-    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+    async def take_tokens(self, tenant: TenantCounters, tokens: int) -> Tokens:
         return self.take_tokens_now(tenant, tokens)
 
     async def give_back(self, taken: Tokens, unused: int) -> None:
         self.give_back_now(taken, unused)
 
-    def take_slot_now(self, tenant: "Tenant") -> Slot:
+    def take_slot_now(self, tenant: TenantCounters) -> Slot:
         config, usage = tenant.config, tenant.usage
         limit = config.max_concurrency if config else None
         if limit is not None and usage.in_flight >= limit:
@@ -51,7 +47,7 @@ class LocalLimiter(TenantLimiter):
     def free_slot_now(self, slot: Slot) -> None:
         slot.tenant.usage.in_flight -= 1
 
-    def take_tokens_now(self, tenant: "Tenant", tokens: int) -> Tokens:
+    def take_tokens_now(self, tenant: TenantCounters, tokens: int) -> Tokens:
         bucket = tenant.usage.tokens
         if bucket is not None:
             wait_s = bucket.try_take(tokens)

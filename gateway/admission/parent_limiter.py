@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -45,9 +45,7 @@ from gateway.admission.parent_wire import (
     read_frame,
 )
 from gateway.admission.redis_limiter import probe_delays
-
-if TYPE_CHECKING:
-    from gateway.admission.tenants import Tenant
+from gateway.admission.tenant_counters import TenantCounters
 
 log = logging.getLogger("kvgate.workers")
 
@@ -108,7 +106,7 @@ class ParentLimiter(TenantLimiter):
                 await asyncio.gather(task, return_exceptions=True)
         self._close()
 
-    async def take_slot(self, tenant: "Tenant") -> Slot:
+    async def take_slot(self, tenant: TenantCounters) -> Slot:
         config = tenant.config
         if config is None or (config.max_concurrency is None and config.requests_per_minute is None):
             return self.local.take_slot_now(tenant)
@@ -135,7 +133,7 @@ class ParentLimiter(TenantLimiter):
         if self.up and slot.connection == self.connection:
             self._send([FREE_SLOT, slot.number])
 
-    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+    async def take_tokens(self, tenant: TenantCounters, tokens: int) -> Tokens:
         per_minute = tenant.config.tokens_per_minute if tenant.config else None
         if per_minute is None:
             return Tokens(tenant, tokens)
@@ -155,7 +153,7 @@ class ParentLimiter(TenantLimiter):
         elif self.up:
             self._send([GIVE_BACK, taken.tenant.name, unused, taken.per_minute])
 
-    async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
+    async def shared_status(self, tenants: Sequence[TenantCounters]) -> dict[str, object] | None:
         names = [tenant.name for tenant in tenants if tenant.limited]
         counts: dict[str, int] | None = None
         if self.up:

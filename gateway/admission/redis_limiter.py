@@ -24,9 +24,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -42,10 +42,8 @@ from gateway.admission.limiter import (
 )
 from gateway.admission.local_limiter import LocalLimiter
 from gateway.admission.redis_store import UNAVAILABLE, RedisStore
+from gateway.admission.tenant_counters import TenantCounters
 from gateway.errors import OpenAIError
-
-if TYPE_CHECKING:
-    from gateway.admission.tenants import Tenant
 
 log = logging.getLogger("kvgate.shared_state")
 
@@ -138,7 +136,7 @@ class RedisLimiter(TenantLimiter):
             await asyncio.gather(self._maintainer, return_exceptions=True)
         await self.store.close()
 
-    async def take_slot(self, tenant: "Tenant") -> Slot:
+    async def take_slot(self, tenant: TenantCounters) -> Slot:
         config = tenant.config
         if config is None or (config.max_concurrency is None and config.requests_per_minute is None):
             return self.local.take_slot_now(tenant)
@@ -182,7 +180,7 @@ class RedisLimiter(TenantLimiter):
             self._went_down(exc)
             self._free_later(slot)
 
-    async def take_tokens(self, tenant: "Tenant", tokens: int) -> Tokens:
+    async def take_tokens(self, tenant: TenantCounters, tokens: int) -> Tokens:
         per_minute = tenant.config.tokens_per_minute if tenant.config else None
         if per_minute is None:
             return Tokens(tenant, tokens)
@@ -231,7 +229,7 @@ class RedisLimiter(TenantLimiter):
             for lease in batch:
                 del self._to_free[lease.lease_id]
 
-    async def shared_status(self, tenants: list["Tenant"]) -> dict[str, object] | None:
+    async def shared_status(self, tenants: Sequence[TenantCounters]) -> dict[str, object] | None:
         counts: dict[str, int | None] = {}
         for tenant in tenants:
             if tenant.limited:
@@ -314,13 +312,13 @@ class RedisLimiter(TenantLimiter):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(renew_every):
                         await self._gone.wait()
-                if not self.up:
-                    continue
-                try:
-                    await self._renew_all()
-                except UNAVAILABLE as exc:
-                    self._went_down(exc)
-                    self.store.reopen()
+                # A request may have marked Redis down during the wait.
+                if self.up:
+                    try:
+                        await self._renew_all()
+                    except UNAVAILABLE as exc:
+                        self._went_down(exc)
+                        self.store.reopen()
             else:
                 await self._recover()
 

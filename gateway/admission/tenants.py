@@ -12,6 +12,7 @@ from gateway.admission.bearer import bearer_token, key_matches, unauthorized
 from gateway.admission.config import TenantConfig, TokenCaps
 from gateway.admission.limiter import TenantLimiter, TokenCharge
 from gateway.admission.local_limiter import LocalLimiter
+from gateway.admission.tenant_counters import TenantUsage
 from gateway.admission.token_bucket import TokenBucket
 from gateway.errors import bad_request
 
@@ -22,17 +23,6 @@ NO_CAPS = TokenCaps()
 """The anonymous tenant's caps: one object, so per-request lookups keyed by it hit a cache."""
 ANONYMOUS = "anonymous"
 """The one tenant of an open gateway (no `tenants:` configured)."""
-
-
-@dataclass
-class TenantUsage:
-    """What a tenant uses on this gateway right now; kept across config reloads."""
-
-    in_flight: int = 0
-    tokens: TokenBucket | None = None
-    """The tokens-per-minute bucket (counted here by the local limiter only)."""
-    requests: TokenBucket | None = None
-    """The requests-per-minute bucket (counted here by the local limiter only)."""
 
 
 @dataclass

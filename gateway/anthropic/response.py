@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from protocol.usage import cached_tokens
+from protocol.usage import reported_cached_tokens
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 
@@ -34,7 +34,7 @@ def anthropic_usage(usage: dict[str, Any] | None, accounting: CacheAccounting) -
     usage = usage or {}
     reported = usage.get("prompt_tokens")
     prompt = reported if isinstance(reported, int) else 0
-    read = min(cached_tokens(usage) or 0, prompt)
+    read = min(reported_cached_tokens(usage) or 0, prompt)
     cacheable = min(accounting.breakpoint_tokens, prompt) // accounting.block_size * accounting.block_size
     created = max(0, cacheable - read)
     completion = usage.get("completion_tokens")

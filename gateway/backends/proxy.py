@@ -45,6 +45,7 @@ from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError
 from protocol.openai import chat_usage
 from protocol.tracing import inject_current, span
+from protocol.usage import Usage, parse_usage
 
 
 class UpstreamFailed(Exception):
@@ -65,7 +66,7 @@ class UpstreamAnswered(UpstreamFailed):
 @dataclass
 class UpstreamOutcome:
     status: int
-    usage: dict | None = None
+    usage: Usage | None = None
     first_token_at: float | None = None
     """`time.perf_counter()` when the first token (or the whole body) arrived; None for a stream
     that carried no output."""
@@ -82,8 +83,8 @@ class UpstreamOutcome:
     @property
     def generated_at_least(self) -> int:
         """Completion tokens the client got, from the engine's usage when it came, else counted."""
-        reported = (self.usage or {}).get("completion_tokens")
-        return reported if isinstance(reported, int) else self.token_chunks
+        reported = self.usage.completion_tokens if self.usage else None
+        return reported if reported is not None else self.token_chunks
 
 
 @dataclass
@@ -168,7 +169,7 @@ async def _relay_whole(call: ProxyCall, upstream: UpstreamResponse) -> tuple[web
     outcome.status, outcome.first_token_at = upstream.status, arrived
     if upstream.status == 200:
         outcome.completed = True
-        outcome.usage = native_usage(data) if call.stream_format == "anthropic" else _usage_of(data)
+        outcome.usage = parse_usage(native_usage(data) if call.stream_format == "anthropic" else _usage_of(data))
     else:
         outcome.error_code = _error_code(data)
     content_type = call.redactor.redact_text(upstream.content_type or "application/json")
@@ -260,7 +261,7 @@ async def _write_event(call: ProxyCall, response: web.StreamResponse, outcome: U
             return
         outcome.token_chunks += 1
     if chunk is not None and chunk.get("usage"):
-        outcome.usage = chunk["usage"]
+        outcome.usage = parse_usage(chunk["usage"])
         if not call.include_usage and not chunk.get("choices"):
             return
         if not call.include_usage:
@@ -293,16 +294,17 @@ def carries_output(chunk: dict) -> bool:
 async def _end_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome, chunk: dict) -> None:
     """The backend went past the granted cap: finish the client's stream as if it stopped there."""
     outcome.capped = outcome.completed = True
-    outcome.usage = {
+    usage = {
         "prompt_tokens": call.prompt_tokens,
         "completion_tokens": call.max_tokens,
         "total_tokens": call.prompt_tokens + call.max_tokens,
     }
+    outcome.usage = parse_usage(usage)
     shape = "delta" if chunk.get("object") == "chat.completion.chunk" else "text"
     finish = {"index": 0, shape: {} if shape == "delta" else "", "logprobs": None, "finish_reason": "length"}
     events = [{**chunk, "choices": [finish], "usage": None}]
     if call.include_usage:
-        events.append({**chunk, "choices": [], "usage": outcome.usage})
+        events.append({**chunk, "choices": [], "usage": usage})
     await response.write(b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events) + b"data: [DONE]\n\n")
 
 
@@ -317,12 +319,12 @@ async def _write_anthropic_event(
             _first_token(call, outcome)
         if outcome.token_chunks >= call.max_tokens:
             outcome.capped = outcome.completed = True
-            outcome.usage = {
-                "prompt_tokens": call.prompt_tokens,
-                "completion_tokens": call.max_tokens,
-                "total_tokens": call.prompt_tokens + call.max_tokens,
-                "prompt_tokens_details": {"cached_tokens": call.native_stream.usage.get("cache_read_input_tokens")},
-            }
+            outcome.usage = Usage(
+                prompt_tokens=call.prompt_tokens,
+                completion_tokens=call.max_tokens,
+                total_tokens=call.prompt_tokens + call.max_tokens,
+                cached_tokens=call.native_stream.usage.get("cache_read_input_tokens"),
+            )
             await response.write(call.native_stream.closing_events(call.max_tokens))
             return
         outcome.token_chunks += 1
@@ -331,18 +333,18 @@ async def _write_anthropic_event(
         if outcome.first_token_at is None:
             _first_token(call, outcome)
     if call.native_stream.final_usage is not None:
-        outcome.usage = call.native_stream.final_usage
+        outcome.usage = parse_usage(call.native_stream.final_usage)
     await response.write(event)
 
 
 async def _end_responses_at_cap(call: ProxyCall, response: web.StreamResponse, outcome: UpstreamOutcome) -> None:
     """A Responses stream went past the granted cap: close it as an answer cut at max_output_tokens."""
     outcome.capped = outcome.completed = True
-    outcome.usage = {
-        "prompt_tokens": call.prompt_tokens,
-        "completion_tokens": call.max_tokens,
-        "total_tokens": call.prompt_tokens + call.max_tokens,
-    }
+    outcome.usage = Usage(
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.max_tokens,
+        total_tokens=call.prompt_tokens + call.max_tokens,
+    )
     closing = {
         "type": "response.incomplete",
         "response": {
@@ -393,7 +395,7 @@ def _read_responses_event(outcome: UpstreamOutcome, event: bytes) -> None:
         return
     outcome.completed = _RESPONSES_END[payload["type"]]
     usage = (payload.get("response") or {}).get("usage")
-    outcome.usage = chat_usage(usage) if isinstance(usage, dict) else None
+    outcome.usage = parse_usage(chat_usage(usage)) if isinstance(usage, dict) else None
 
 
 _REDACT_OFF_LOOP_BYTES = 32 << 10

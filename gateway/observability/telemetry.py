@@ -24,7 +24,7 @@ from gateway.routing.types import RouteDecision, RouteRequest
 from gateway.served_model import ServedModel
 from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
-from protocol.usage import cached_tokens
+from protocol.usage import Usage
 
 CLIENT_GONE = "client_gone"
 """Status (and, before a backend was chosen, error code) of a request whose client left."""
@@ -147,8 +147,8 @@ def _served_record(
     tenant: str | None,
     started: float,
 ) -> RequestRecord:
-    usage = outcome.usage or {}
-    completion_tokens = outcome.generated_at_least if stream else usage.get("completion_tokens")
+    usage = outcome.usage or Usage()
+    completion_tokens = outcome.generated_at_least if stream else usage.completion_tokens
     granted = route_request.max_tokens
     over_cap = completion_tokens - granted if isinstance(completion_tokens, int) and granted else 0
     return RequestRecord(
@@ -160,7 +160,7 @@ def _served_record(
         stream=stream,
         prompt_tokens=route_request.prompt_tokens,
         predicted_cached_tokens=decision.predicted_cached_tokens,
-        cached_tokens=cached_tokens(usage),
+        cached_tokens=usage.cached_tokens,
         completion_tokens=completion_tokens,
         over_cap_tokens=max(over_cap, 0),
         retention="client" if route_request.session_key else "inferred" if decision.retention_key else None,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.routing.types import RouteReason
 from protocol.openai_errors import bad_request
 
 PROMPT_CACHE_KEY = "prompt_cache_key"
@@ -22,8 +23,6 @@ RETENTION_TTL_S: dict[str, float | None] = {"in_memory": None, "24h": 86400.0}
 """OpenAI's ``prompt_cache_retention`` values as session TTLs (None: the engine's default)."""
 SESSION_TTL = "kvgate_session_ttl_s"
 MAX_KEY_CHARS = 1024
-CACHE_KEY_REASON = "+cache-key"
-"""Appended to the route reason of a request whose session is its ``prompt_cache_key``."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,6 @@ def _is_positive_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def keyed_reason(reason: str, source: str | None) -> str:
+def keyed_reason(reason: RouteReason, source: str | None) -> RouteReason:
     """The route reason, marked when the session came from ``prompt_cache_key``."""
-    return reason + CACHE_KEY_REASON if source == PROMPT_CACHE_KEY else reason
+    return reason.by_cache_key() if source == PROMPT_CACHE_KEY else reason

@@ -3,9 +3,11 @@
 from pydantic import Field, field_validator
 
 from gateway.config_section import ConfigSection
+from gateway.routing.registry import POLICIES as POLICY_REGISTRY
+from gateway.routing.registry import SCORERS as SCORER_REGISTRY
 
-POLICIES = ("cache_aware", "prefix_affinity", "least_loaded", "round_robin", "random", "session")
-SCORERS = ("estimated_ttft", "prefix_affinity", "least_loaded", "round_robin", "random", "session_affinity")
+POLICIES = tuple(POLICY_REGISTRY)
+SCORERS = tuple(SCORER_REGISTRY)
 
 
 class LateBindingConfig(ConfigSection):
@@ -22,7 +24,7 @@ class RoutingConfig(ConfigSection):
     """How the router picks a replica. Defaults are the ones that won the benchmarks."""
 
     policy: str = "cache_aware"
-    """One of POLICIES; each is a pipeline of weighted scorers (see gateway/routing/policies.py)."""
+    """One of POLICIES; each is a pipeline of weighted scorers (declared in gateway/routing/registry.py)."""
     scorers: dict[str, float] = {}
     """Override the policy's scorer weights ({scorer: weight}); a scorer not in the policy is added."""
 
@@ -90,7 +92,7 @@ class RoutingConfig(ConfigSection):
     and the picker breaks ties toward the replica with the fewest active sessions, so new
     conversations go to replicas with room instead of piling onto one whose cache their growing
     histories then overflow. Multi-turn real runs: 86.63-86.64 % in three runs, against 84.0-86.6 %
-    in seven without (bench/RESULTS.md, "Session footprints")."""
+    in seven without (bench/notes/2026-12-01-session-footprints-multi-turn-conversations-spread.md)."""
     session_ttl_s: float = Field(300.0, gt=0)
     """A session's footprint counts until its last turn is this old: the bundled engine's
     ``--session-ttl-s`` default, for which it keeps an active session's latest turn."""

@@ -1,12 +1,35 @@
 """What every scorer of one routing decision sees: the request, the replicas, their cached prefixes."""
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from gateway.routing.config import RoutingConfig
 from gateway.routing.types import ReplicaState, RouteRequest
 
 
-def cached_tokens(
+class ScoringSettings(Protocol):
+    """The routing settings scorers read (``RoutingConfig`` is one): passed in, so the policy
+    registry that the config validates names against never imports the config back."""
+
+    @property
+    def prefill_tokens_per_s(self) -> float: ...
+
+    @property
+    def decode_wait_s_per_request(self) -> float: ...
+
+    @property
+    def ttft_target_s(self) -> float: ...
+
+    @property
+    def placement_slack_s(self) -> float: ...
+
+    @property
+    def min_match_tokens(self) -> int: ...
+
+    @property
+    def min_match_fraction(self) -> float: ...
+
+
+def predicted_cached_tokens(
     matched_blocks: int, prompt_tokens: int, block_size: int, engine_block_size: int | None = None
 ) -> int:
     """Prompt tokens an engine will serve from cache given a matched prefix of gateway blocks.
@@ -29,7 +52,7 @@ class RouteContext:
     """Predicted cached prompt tokens per replica (absent: none)."""
     indexed_blocks: dict[str, int]
     """Blocks the index holds per replica: how full its cache is believed to be."""
-    config: RoutingConfig
+    config: ScoringSettings
     shared_prefix: bool = False
     """The deepest cached block of the prompt is one many recent requests matched
     (``RoutingConfig.shared_prefix_requests``): a prefix worth copying, not a private one."""

@@ -15,7 +15,7 @@ from gateway.routing.cache_keys import keyed_reason
 from gateway.routing.cache_tracker import CacheTracker, IndexStats
 from gateway.routing.calibration import Calibration, CalibrationStats
 from gateway.routing.config import RoutingConfig
-from gateway.routing.context import RouteContext, cached_tokens
+from gateway.routing.context import RouteContext, predicted_cached_tokens
 from gateway.routing.decaying_counts import DecayingCounts
 from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
@@ -23,7 +23,7 @@ from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec, known_capacity
 from gateway.routing.retention_keys import conversation_key, first_private_block
 from gateway.routing.session_footprint import FootprintStats, SessionFootprints
-from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
+from gateway.routing.types import ReplicaState, RouteDecision, RouteReason, RouteRequest
 from radix.prefix_index import PrefixMatch
 
 __all__ = ["ReplicaSpec", "Router"]
@@ -109,7 +109,7 @@ class Router:
         matched, found = self.tracker.match_prefix(request.block_hashes)
         prompt = request.prompt_tokens
         cached = {
-            name: cached_tokens(blocks, prompt, self.block_size, self.tracker.engine_block_size(name))
+            name: predicted_cached_tokens(blocks, prompt, self.block_size, self.tracker.engine_block_size(name))
             for name, blocks in matched.items()
         }
         priced = self.tracker.priced_cached(request.block_hashes, matched, cached)
@@ -129,10 +129,15 @@ class Router:
         reason = self.policy.reason(ctx, chosen)
         late = self.config.late_binding
         hold = None
-        if late.enabled and may_hold and reason == "load-spill":
+        if late.enabled and may_hold and reason == RouteReason.LOAD_SPILL:
             hold = hold_for_owner(ctx, chosen, late.max_wait_s)
         retention_key = None
-        if self.config.infer_retention_keys and reason == "prefix-hit" and not shared and request.session_key is None:
+        if (
+            self.config.infer_retention_keys
+            and reason == RouteReason.PREFIX_HIT
+            and not shared
+            and request.session_key is None
+        ):
             held = [matched.get(replica.name, 0) for replica in candidates]
             retention_key = self._retention_key(request.block_hashes, held, match_end, now)
         reason = keyed_reason(reason, request.session_source)

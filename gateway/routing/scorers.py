@@ -1,6 +1,6 @@
 """Scorers: each rates every eligible replica in [0, 1], higher is better (llm-d's convention).
 
-A policy is a weighted sum of scorers (gateway/routing/policies.py); a new policy is a new
+A policy is a weighted sum of scorers (declared in gateway/routing/registry.py); a new policy is a new
 scorer or a new weighting, never an edit of the request handler.
 """
 

@@ -1,6 +1,38 @@
 """What the request handler hands the router, and what it gets back."""
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+CACHE_KEY_SUFFIX = "+cache-key"
+"""Marks the route reason of a request whose session is its ``prompt_cache_key``."""
+
+
+class RouteReason(StrEnum):
+    """Why a request went where it did: the ``x-kvgate-route-reason`` header, the logs and the metrics' label.
+
+    String-valued, so every one of those reads exactly the text it always did; a routing reason
+    has a ``+cache-key`` form for a request whose session came from ``prompt_cache_key``.
+    """
+
+    PREFIX_HIT = "prefix-hit"
+    LOAD_SPILL = "load-spill"
+    NO_MATCH = "no-match"
+    SESSION = "session"
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    RANDOM = "random"
+    RETRY = "retry"
+    PREFIX_HIT_BY_CACHE_KEY = "prefix-hit+cache-key"
+    LOAD_SPILL_BY_CACHE_KEY = "load-spill+cache-key"
+    NO_MATCH_BY_CACHE_KEY = "no-match+cache-key"
+    SESSION_BY_CACHE_KEY = "session+cache-key"
+    ROUND_ROBIN_BY_CACHE_KEY = "round-robin+cache-key"
+    LEAST_LOADED_BY_CACHE_KEY = "least-loaded+cache-key"
+    RANDOM_BY_CACHE_KEY = "random+cache-key"
+
+    def by_cache_key(self) -> "RouteReason":
+        """This reason, marked as routed on a ``prompt_cache_key`` session."""
+        return RouteReason(self.value + CACHE_KEY_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -57,8 +89,9 @@ class Hold:
 @dataclass(frozen=True)
 class RouteDecision:
     backend: str
-    reason: str
-    """Why: prefix-hit, load-spill, no-match, session, round-robin, least-loaded, random, retry."""
+    reason: RouteReason | str
+    """kvgate's router always gives a ``RouteReason``; only the simulator's peer models
+    (bench/simulate.py: direct round robin, sglang-router's) name their own."""
     predicted_cached_tokens: int
     ranked: list[str]
     """Every eligible replica, best first (``ranked[0] == backend``), for diagnostics; a retry routes

@@ -8,6 +8,7 @@ import orjson
 from gateway.backends.proxy import UpstreamOutcome
 from gateway.dispatch import tokens_used
 from gateway.routing.types import RouteRequest
+from protocol.usage import Usage
 from tests.gateway.fake_replica import Behaviour, FakeReplica, chat, gateway, gateway_config, replicas
 
 REQUEST = RouteRequest(request_id="r", model="m", block_hashes=[], prompt_tokens=900, max_tokens=8)
@@ -23,7 +24,7 @@ def test_a_request_a_replica_may_have_prefilled_is_charged_its_prompt() -> None:
 def test_an_answer_is_charged_what_it_used_whatever_the_prefill_flag_says() -> None:
     streamed = UpstreamOutcome(status=200, first_token_at=1.0, token_chunks=3)
     assert tokens_used(REQUEST, streamed, 908, prefill_started=True) == 903
-    usage = {"prompt_tokens": 900, "completion_tokens": 2, "total_tokens": 902}
+    usage = Usage(prompt_tokens=900, completion_tokens=2, total_tokens=902)
     answered = UpstreamOutcome(status=200, first_token_at=1.0, completed=True, usage=usage)
     assert tokens_used(REQUEST, answered, 908) == 902
 

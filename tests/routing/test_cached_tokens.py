@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.routing.context import cached_tokens
+from gateway.routing.context import predicted_cached_tokens
 
 
 @pytest.mark.parametrize(
@@ -19,4 +19,4 @@ from gateway.routing.context import cached_tokens
 def test_cached_tokens_count_whole_engine_blocks(
     matched_blocks: int, prompt_tokens: int, engine_block_size: int | None, expected: int
 ) -> None:
-    assert cached_tokens(matched_blocks, prompt_tokens, 16, engine_block_size) == expected
+    assert predicted_cached_tokens(matched_blocks, prompt_tokens, 16, engine_block_size) == expected
