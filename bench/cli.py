@@ -1,10 +1,10 @@
-"""``kvgate bench``: ``run`` compares routers on a workload; the other subcommands are benchmarks of
-their own modules (``overhead``, ``simulate``, ``throughput``, ``soak``, ``overhead-ab``), each also
-runnable as ``python -m bench.MODULE``."""
+"""``kvgate bench``: ``run`` compares routers on a workload; every other subcommand is a benchmark
+module of its own, each also runnable alone (``python -m bench.MODULE``)."""
 
 import argparse
 import dataclasses
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from importlib import import_module
@@ -29,20 +29,50 @@ DEFAULT_NUM_BLOCKS = {
 
 TRACE_FILES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
 
+RUN_SUMMARY = "kvgate's policies against direct round robin and peers on one workload"
+
 DELEGATED: dict[str, tuple[str, str]] = {
     "simulate": ("bench.simulate_cli", "the same comparison in virtual time, in one process"),
     "overhead": ("bench.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
     "overhead-ab": ("bench.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),
     "throughput": ("bench.throughput", "highest request rate with p99 under a bound, per --workers count (wrk)"),
     "soak": ("bench.soak", "minutes of mixed load with KV events, a reload and a replica kill: event-loop lag"),
+    "zero-backend": ("bench.zero_backend", "serve a zero-latency OpenAI-compatible backend for overhead runs"),
+    "request-stages": ("bench.request_stages", "gateway CPU of each stage of the chat request path, in process"),
+    "normalize-cost": ("bench.normalize_cost", "gateway CPU per request for normalize, template, tokenize, hashes"),
+    "limiter-cost": ("bench.limiter_cost", "cost per request of shared limits, in process against Redis"),
+    "redis-recovery": ("bench.redis_recovery", "how soon the Redis limiter sees a restarted Redis"),
+    "index-cost": ("bench.index_cost", "prefix index: match + insert time of a 4,096-token prompt, bytes per block"),
+    "engine-throughput": ("bench.engine.throughput", "engine throughput and TTFT against transformers' batching"),
+    "engine-prefix-ttft": ("bench.engine.prefix_ttft", "engine TTFT of a long prompt with its prefix cached vs cold"),
+    "engine-step-profile": ("bench.engine.step_profile", "where one engine runner step's time goes"),
+    "engine-runner-timing": ("bench.engine.runner_timing", "time the model runner's prefill and decode; fit sim costs"),
+    "engine-request-cost": ("bench.engine.request_cost", "engine TTFT, page faults and CPU time of one request"),
+    "engine-grammar": ("bench.engine.grammar_decode", "decode tokens/s with and without a JSON schema"),
+    "engine-matmul": ("bench.engine.matmul_libraries", "GFLOP/s of MKL and oneDNN on the engine's matrices"),
+    "engine-vs-vllm": ("bench.engine_vs_vllm", "the bundled engine against vLLM on CPU, same model and dtype"),
+    "vllm-gateway-check": ("bench.peers.vllm_gateway_check", "the gateway in front of a real vLLM, end to end"),
+    "hf-export": ("bench.peers.hf_export", "save a kvgate model as a plain HF folder a peer engine loads"),
+    "lm-eval-parity": ("bench.lm_eval_parity", "lm-eval scores: engine direct, through the gateway, and hf"),
 }
 """Subcommands handed whole to another module's ``main(argv)`` (which parses its own flags)."""
 
+SPAWNED: dict[str, tuple[str, str]] = {
+    "index-cost-ab": ("bench/index_cost_ab.py", "prefix index: two source trees interleaved on index-cost's workload"),
+    "index-cost-shapes": ("bench/index_cost_shapes.py", "prefix index CPU per operation on other shapes, one tree"),
+}
+"""Subcommands run as a fresh ``python FILE``: they import ``radix`` and ``bench`` from the tree they are given."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate bench", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="kvgate's policies against direct round robin and peers on one workload")
+    parser = argparse.ArgumentParser(
+        prog="kvgate bench",
+        description=__doc__,
+        epilog=_command_list(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of the commands below")
+    run = commands.add_parser("run", description=RUN_SUMMARY)
     run.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     run.add_argument("--replicas", type=int, default=4)
     run.add_argument(
@@ -96,17 +126,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     run.add_argument("--request-timeout", type=float, default=300.0)
     run.add_argument("--out", type=Path, help="report folder (default: bench/out/WORKLOAD)")
-    for name, (_, summary) in DELEGATED.items():
-        commands.add_parser(name, help=summary, add_help=False)
+    for name, (_, summary) in {**DELEGATED, **SPAWNED}.items():
+        commands.add_parser(name, description=summary, add_help=False)
     return parser
+
+
+def _command_list() -> str:
+    """One line per subcommand, name and summary (argparse's own list wraps names longer than 16 characters)."""
+    summaries = {"run": RUN_SUMMARY} | {name: summary for name, (_, summary) in {**DELEGATED, **SPAWNED}.items()}
+    width = max(map(len, summaries))
+    return "commands:\n" + "\n".join(f"  {name:<{width}}  {summary}" for name, summary in summaries.items())
 
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if argv[:1] and argv[0] in DELEGATED:
         module_name, _ = DELEGATED[argv[0]]
-        command_main: Callable[[list[str]], int] = import_module(module_name).main
-        return command_main(argv[1:])
+        command_main: Callable[[list[str]], int | None] = import_module(module_name).main
+        return command_main(argv[1:]) or 0
+    if argv[:1] and argv[0] in SPAWNED:
+        script, _ = SPAWNED[argv[0]]
+        return subprocess.run([sys.executable, str(REPO / script), *argv[1:]], check=False).returncode
     args = build_parser().parse_args(argv)
     overrides = pairs(args.set, "--set")
     if args.workload == "trace-replay" and "trace_file" not in overrides:

@@ -213,7 +213,7 @@ def print_rounds(rounds: dict[str, list[list[Measurement]]]) -> None:
             print(f"  {name}, {row[0].name}, every round: {values}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--trials", type=int, default=3)
@@ -233,7 +233,7 @@ def main() -> None:
     contenders = parser.add_mutually_exclusive_group()
     contenders.add_argument("--skip-vllm", action="store_true")
     contenders.add_argument("--skip-kvgate", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     settings = Settings(
         **{name: value for name, value in vars(args).items() if name not in ("skip_vllm", "skip_kvgate", "rounds")}
     )

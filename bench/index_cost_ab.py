@@ -11,6 +11,7 @@ smaller one keeps replicas full, so that evictions run inside the timed operatio
 mean then: p50 leaves the batched evictions out).
 """
 
+import argparse
 import os
 import random
 import statistics
@@ -58,5 +59,14 @@ def main(
     )
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tree", help="source tree to import radix and bench from")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("capacity", type=int, nargs="?", help="blocks per replica (default: nothing is evicted)")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    args = parse()
+    main(args.tree, args.seed, args.capacity)

@@ -18,6 +18,7 @@ Run it alternately on two trees (e.g. ``git archive main`` unpacked) with the sa
     python bench/index_cost_shapes.py TREE SEED turns|small|events|events-1|store-1
 """
 
+import argparse
 import os
 import random
 import statistics
@@ -117,5 +118,14 @@ def main(tree: str, seed: int, shape: str) -> None:
     print(f"{tree} seed {seed} {shape}: {figures}, load {os.getloadavg()[0]:.2f}", flush=True)
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tree", help="source tree to import radix and bench from")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("shape", choices=["turns", "small", "events", "events-1", "store-1"])
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    args = parse()
+    main(args.tree, args.seed, args.shape)

@@ -111,11 +111,11 @@ def with_redis_server(body: Callable[[str], Coroutine[Any, Any, None]]) -> None:
             server.wait(10)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=5_000)
     parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with_redis_server(lambda url: run(args.requests, args.concurrency, url))
 
 

@@ -92,12 +92,12 @@ def timed(run: Callable[[], object], repeat: int) -> list[float]:
     return samples
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--cold-requests", type=int, default=30)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     chat = ChatTokenizer.load(args.model)
     normalizer = Normalizer(NormalizeConfig())

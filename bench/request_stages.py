@@ -90,11 +90,11 @@ async def run(requests: int, warm_up: int) -> StageClock:
     return clock
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.request_stages", description=__doc__)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--warm-up", type=int, default=40)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     clock = asyncio.run(run(args.requests, args.warm_up))
     print("| stage | median (us) | mean (us) |\n|---|---|---|")
     for stage, samples in clock.samples.items():

@@ -68,12 +68,12 @@ def build_app() -> web.Application:
     return app
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for _ in range(args.processes - 1):
         if os.fork() == 0:
             break

@@ -89,13 +89,13 @@ async def main_async(args: argparse.Namespace) -> None:
         await asyncio.to_thread(engine.stop)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per setting")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     asyncio.run(main_async(args))
 

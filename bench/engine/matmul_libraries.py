@@ -30,11 +30,11 @@ SHAPES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     print(f"{args.dtype}, 1 thread, GFLOP/s (median of {args.repeats})")

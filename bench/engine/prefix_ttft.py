@@ -37,14 +37,14 @@ def trial_requests(trial: int, prompt_tokens: int, cached_tokens: int, max_token
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--cached-tokens", type=int, default=1900)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--engine-flags", default="--dtype float32", help="extra flags for kvgate engine (quoted)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as log_dir:
         engine = start_engine(
             Path(log_dir), "--max-model-len", "4096", "--num-blocks", "1024", *args.engine_flags.split()

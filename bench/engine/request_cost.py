@@ -51,13 +51,13 @@ def engine_ttft_sum(url: str) -> float:
     return 0.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=1536)
     parser.add_argument("--cached-tokens", type=int, default=1408)
     parser.add_argument("--engine-flags", default="--dtype bfloat16", help="extra flags for kvgate engine (quoted)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as log_dir:
         engine = start_engine(
             Path(log_dir),

@@ -68,7 +68,7 @@ def decode_batch(batch: int, context: int, block_size: int) -> list[SeqChunk]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     blocks_needed = max(
         max(args.batches) * blocks_for(max(args.contexts), args.block_size), blocks_for(2000, args.block_size)

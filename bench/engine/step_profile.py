@@ -74,7 +74,7 @@ def cpu_seconds(step: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="bfloat16")
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's operator table per step")
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--lora", type=Path, metavar="DIR", help="run every step under this PEFT LoRA adapter")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     prompt_blocks = blocks_for(args.prompt, BLOCK_SIZE)
     num_blocks = prompt_blocks + args.batch * blocks_for(args.decode_context, BLOCK_SIZE)

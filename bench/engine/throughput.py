@@ -107,7 +107,7 @@ def run_transformers(prompts: list[list[int]], output_tokens: int, threads: int,
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=512)
@@ -120,7 +120,7 @@ def main() -> None:
     )
     parser.add_argument("--max-batch-tokens", type=int, default=2048, help="token budget per step of both contenders")
     parser.add_argument("--skip-transformers", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     prompts = make_prompts(args.requests, args.prompt_tokens)
     print(
         f"{args.requests} requests x {args.prompt_tokens} prompt tokens -> {args.output_tokens} output tokens, float32"

@@ -35,12 +35,12 @@ def export_hf_folder(model: str, target: Path, dtype: torch.dtype) -> Path:
     return target
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="bundled model name, .gguf file or HF folder")
     parser.add_argument("--out", type=Path, default=default_hf_folder(), help="folder to write (default: %(default)s)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the saved weights")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(export_hf_folder(args.model, args.out, DTYPES[args.dtype]))
 
 

@@ -254,10 +254,10 @@ def check_evictions(gateway: str, vllm: str, model: str, checks: Checklist) -> N
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     options = vllm_options_on_free_ports(VllmOptions(dtype=args.dtype), with_kv_events=True)
     require_vllm(options)
     checks = Checklist()

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from bench.cli import DELEGATED, SPAWNED
 from bench.processes import REPO
 from gateway.cli import main as kvgate_main
 
@@ -25,11 +26,38 @@ def test_kvgate_bench_hands_a_subcommand_its_flags(command: str, capsys: pytest.
     assert MODULE_FLAGS[command][1] in capsys.readouterr().out
 
 
+def _modules_with_a_main() -> set[str]:
+    """Every ``bench`` module runnable as a script, by its dotted name."""
+    scripts = (path for path in (REPO / "bench").rglob("*.py") if 'if __name__ == "__main__":' in path.read_text())
+    return {".".join(path.relative_to(REPO).with_suffix("").parts) for path in scripts}
+
+
+def test_every_bench_module_with_a_main_is_a_subcommand() -> None:
+    delegated = {module for module, _ in DELEGATED.values()}
+    spawned = {script.removesuffix(".py").replace("/", ".") for script, _ in SPAWNED.values()}
+    assert _modules_with_a_main() - delegated - spawned == set()
+
+
 def test_the_bench_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         kvgate_main(["bench", "--help"])
-    listed = capsys.readouterr().out
-    assert all(command in listed for command in MODULE_FLAGS)
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    for name, (_, summary) in {**DELEGATED, **SPAWNED}.items():
+        assert f"{name} {summary}" in lines, name
+
+
+@pytest.mark.parametrize("command", sorted(DELEGATED))
+def test_each_delegated_subcommand_answers_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        kvgate_main(["bench", command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", sorted(SPAWNED))
+def test_each_spawned_subcommand_answers_help(command: str, capfd: pytest.CaptureFixture[str]) -> None:
+    assert kvgate_main(["bench", command, "--help"]) == 0
+    assert "usage:" in capfd.readouterr().out
 
 
 @pytest.mark.parametrize("module", ["bench.throughput", "bench.soak", "bench.overhead_ab"])
