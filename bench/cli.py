@@ -21,6 +21,7 @@ from engine.sim_runner import SIM_PRESETS, SimCosts
 DEFAULT_NUM_BLOCKS = {
     "shared-prefix": 3072,
     "skew": 3072,
+    "hotspot-burst": 3072,
     "multi-turn": 1024,
     "trace-replay": 8192,
     "normalization-noise": 2304,
@@ -34,6 +35,7 @@ RUN_SUMMARY = "kvgate's policies against direct round robin and peers on one wor
 DELEGATED: dict[str, tuple[str, str]] = {
     "simulate": ("bench.simulate_cli", "the same comparison in virtual time, in one process"),
     "overhead": ("bench.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
+    "epp-latency": ("bench.epp_latency", "added latency and picks/s of `kvgate epp` beside the HTTP gateway's"),
     "overhead-ab": ("bench.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),
     "throughput": ("bench.throughput", "highest request rate with p99 under a bound, per --workers count (wrk)"),
     "soak": ("bench.soak", "minutes of mixed load with KV events, a reload and a replica kill: event-loop lag"),
@@ -53,6 +55,11 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "engine-vs-vllm": ("bench.engine_vs_vllm", "the bundled engine against vLLM on CPU, same model and dtype"),
     "vllm-gateway-check": ("bench.peers.vllm_gateway_check", "the gateway in front of a real vLLM, end to end"),
     "hf-export": ("bench.peers.hf_export", "save a kvgate model as a plain HF folder a peer engine loads"),
+    "dynamo-proxy": (
+        "bench.peers.dynamo_proxy",
+        "tokenizing proxy in front of Dynamo's select_service (the dynamo peer)",
+    ),
+    "dynamo-agreement": ("bench.dynamo_agreement", "the Dynamo router model against the real one, per decision"),
     "lm-eval-parity": ("bench.lm_eval_parity", "lm-eval scores: engine direct, through the gateway, and hf"),
 }
 """Subcommands handed whole to another module's ``main(argv)`` (which parses its own flags)."""
@@ -83,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this running replica (repeatable) instead of starting simulated ones",
     )
     run.add_argument("--policy", default="all", help="comma-separated kvgate policies, or all (default: %(default)s)")
-    run.add_argument("--peers", action="store_true", help="also run sglang-router (cache_aware, round_robin)")
+    run.add_argument(
+        "--peers", action="store_true", help="also run Dynamo's KV router and sglang-router (cache_aware, round_robin)"
+    )
     run.add_argument(
         "--num-blocks",
         type=int,

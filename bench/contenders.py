@@ -1,7 +1,9 @@
 """The systems under test, each started on fresh simulated replicas (or on given replicas).
 
-A contender is kvgate with one routing policy, the ``sglang-router`` peer with one policy, or
-the client round-robining over the replicas directly (no gateway). ``deploy`` starts the replicas,
+A contender is kvgate with one routing policy, the ``sglang-router`` peer with one policy,
+NVIDIA Dynamo's KV router (``dynamo``: its select_service fed by the replicas' KV events, behind
+``bench/peers/dynamo_proxy.py``), or the client round-robining over the replicas directly (no
+gateway). ``deploy`` starts the replicas,
 then the contender in front of them, and stops everything afterwards. Given replicas (real
 engines) are not restarted: their prefix caches are reset through ``POST /reset_prefix_cache``.
 """
@@ -17,6 +19,7 @@ import orjson
 import yaml
 
 from bench.loadgen import Target
+from bench.peers.dynamo_service import register_worker, start_select_service, worker_registration
 from bench.processes import (
     REPO,
     Process,
@@ -38,7 +41,7 @@ MODEL = "smollm2-135m"
 @dataclass(frozen=True)
 class Contender:
     kind: str
-    """kvgate, sglang-router or direct."""
+    """kvgate, sglang-router, dynamo or direct."""
     policy: str
     routing: dict[str, object] = field(default_factory=dict)
     """Extra ``routing:`` settings for kvgate (e.g. scorer weights)."""
@@ -103,9 +106,22 @@ def sglang_install_hint() -> str:
     )
 
 
+def dynamo_python() -> Path:
+    return peers_dir() / "dynamo" / "bin" / "python"
+
+
+def dynamo_install_hint() -> str:
+    peers = peers_dir()
+    return (
+        f"Dynamo's select_service not found at {dynamo_python()}; install it with\n"
+        f"  python3 -m venv {peers}/dynamo && {peers}/dynamo/bin/pip install ai-dynamo-runtime==1.6.1\n"
+        f"(or point {PEERS_DIR_ENV} at the folder holding dynamo/)"
+    )
+
+
 def contenders_for(policies: Sequence[str], peers: bool, gateways: Sequence[int] = (1,)) -> list[Contender]:
-    """kvgate with each policy, direct round robin, and with ``peers`` sglang-router's policies;
-    kvgate and sglang-router once per gateway count in ``gateways``."""
+    """kvgate with each policy, direct round robin, and with ``peers`` Dynamo's KV router and
+    sglang-router's policies; kvgate and sglang-router once per gateway count in ``gateways``."""
     chosen = list(KVGATE_POLICIES) if "all" in policies else list(policies)
     unknown = sorted(set(chosen) - set(KVGATE_POLICIES))
     if unknown:
@@ -113,6 +129,7 @@ def contenders_for(policies: Sequence[str], peers: bool, gateways: Sequence[int]
     contenders = [Contender("kvgate", policy, instances=count) for policy in chosen for count in gateways]
     contenders.append(Contender("direct", "round_robin"))
     if peers:
+        contenders.append(Contender("dynamo", "kv"))
         contenders += [
             Contender("sglang-router", policy, instances=count) for policy in SGLANG_POLICIES for count in gateways
         ]
@@ -138,6 +155,9 @@ def deploy(
                 start_sglang_router(contender, urls, workdir, index, stack) for index in range(contender.instances)
             ]
             yield Deployment(Target(tuple(router.url for router in routers), MODEL, detokenize), urls)
+        elif contender.kind == "dynamo":
+            proxy = start_dynamo(fleet, replicas, workdir, stack)
+            yield Deployment(Target((proxy.url,), MODEL), urls)
         else:
             raise ValueError(f"unknown contender kind {contender.kind!r}")
 
@@ -259,6 +279,31 @@ def start_sglang_router(
     stack.callback(router.stop)
     wait_ready(router, lambda: _sglang_sees_all(router.url, len(replica_urls)))
     return router
+
+
+def start_dynamo(fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path, stack: ExitStack) -> Process:
+    """Dynamo's select_service (defaults), each replica registered with its KV events, and the proxy."""
+    python = dynamo_python()
+    if not python.exists():
+        raise FileNotFoundError(dynamo_install_hint())
+    if not all(replica.kv_events for replica in replicas):
+        raise RuntimeError("Dynamo's KV router needs the replicas' KV events (not --no-kv-events, not given URLs)")
+    service = start_select_service(python, workdir / "dynamo-select-service.log")
+    stack.callback(service.stop)
+    for worker_id, replica in enumerate(replicas, start=1):
+        assert replica.kv_events is not None
+        registration = worker_registration(
+            worker_id, MODEL, replica.url, fleet.block_size, replica.kv_events, replica.kv_events_replay
+        )
+        register_worker(service.url, registration)
+    port = free_port()
+    command = kvgate_command(
+        "bench", "dynamo-proxy", "--port", str(port), "--select-url", service.url, "--model", MODEL
+    )
+    proxy = launch(command, port, workdir / "dynamo-proxy.log")
+    stack.callback(proxy.stop)
+    wait_ready(proxy, partial(http_ok, f"{proxy.url}/health"))
+    return proxy
 
 
 def _sglang_sees_all(url: str, replicas: int) -> bool:

@@ -10,7 +10,9 @@ import orjson
 from matplotlib.figure import Figure
 
 from bench.bounds import Bounds
+from bench.burst_report import burst_markdown, burst_placements
 from bench.loadgen import LoadResult, RequestResult
+from bench.users_table import DEFAULT_ITL_SLO_S, users_markdown, users_row
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,24 @@ def write_report(
     ttft_slo_s: float,
     failures: dict[str, str],
     meta: Mapping[str, object],
+    itl_slo_s: float = DEFAULT_ITL_SLO_S,
 ) -> str:
-    """Write report.json, report.md, hit_rate.png and ttft_cdf.png; return the Markdown."""
+    """Write report.json, report.md, hit_rate.png and ttft_cdf.png; return the Markdown.
+
+    Below the main table: what users measure (``bench/users_table.py``, goodput within
+    ``ttft_slo_s`` and ``itl_slo_s``) and, for a hotspot burst, where each contender sent it."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    users = [users_row(name, load, ttft_slo_s, itl_slo_s) for name, load in loads.items()]
+    replicas = sorted(
+        {result.backend for load in loads.values() for result in load.results if result.backend is not None},
+        key=lambda name: (len(name), name),
+    )
+    bursts = burst_placements(loads, replicas)
     markdown = f"## {title}\n\n{markdown_table(rows, bounds, ttft_slo_s)}\n"
+    if users:
+        markdown += f"\n{users_markdown(users, ttft_slo_s, itl_slo_s)}\n"
+    if bursts:
+        markdown += f"\n{burst_markdown(bursts)}\n"
     markdown += "".join(f"\nCould not run {name}: {why}\n" for name, why in failures.items())
     (out_dir / "report.md").write_text(markdown)
     document = {
@@ -103,6 +119,9 @@ def write_report(
         "failures": failures,
         "rows": [asdict(row) for row in rows],
         "bounds": asdict(bounds) if bounds else None,
+        "itl_slo_s": itl_slo_s,
+        "users": [asdict(row) for row in users],
+        "burst": [asdict(row) for row in bursts],
         "requests": {name: [asdict(result) for result in load.results] for name, load in loads.items()},
     }
     (out_dir / "report.json").write_bytes(
@@ -138,7 +157,13 @@ def plot_hit_rates(path: Path, title: str, rows: Sequence[ContenderRow], bounds:
     figure.savefig(path, dpi=110)
 
 
-_KIND_COLORS = {"kvgate": "tab:blue", "sglang-router": "tab:orange", "direct": "tab:gray"}
+_KIND_COLORS = {
+    "kvgate": "tab:blue",
+    "sglang-router": "tab:orange",
+    "dynamo": "tab:green",
+    "llm-d": "tab:purple",
+    "direct": "tab:gray",
+}
 
 
 def plot_ttft_cdf(path: Path, title: str, loads: dict[str, LoadResult]) -> None:

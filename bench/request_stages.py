@@ -14,7 +14,6 @@ import asyncio
 import gc
 import statistics
 import time
-from functools import partial
 
 import orjson
 
@@ -72,8 +71,8 @@ async def run(requests: int, warm_up: int) -> StageClock:
         check_input(parsed.body, config.limits)
         normalized = model.normalizer.apply(parsed.body)
         clock.lap("check input and normalize")
-        check_bound = partial(gateway.limits.check_prompt_bound, model.name, NO_CAPS)
-        prompt = (await model.token_ids(normalized.body, parsed, None, check_bound))[0]
+        bound = gateway.limits.prompt_bound(model.name, NO_CAPS)
+        prompt = (await model.token_ids(normalized.body, parsed, None, bound.check))[0]
         clock.lap("render and tokenize")
         grant = gateway.limits.check(model.name, NO_CAPS, len(prompt.ids), parsed.max_tokens, 256)
         orjson.dumps(forwarded_body(normalized.body, grant, None))
@@ -81,11 +80,11 @@ async def run(requests: int, warm_up: int) -> StageClock:
         hashes = model.hash_memo.block_hashes(prompt, config.block_size, model.name)
         clock.lap("block hashes")
         route = RouteRequest(f"gw-{index}", model.name, hashes, len(prompt.ids), grant.max_tokens, token_ids=prompt.ids)
-        gateway.router.route(route, [backend.state()])
+        ticket = gateway.router.route(route, [backend.state()])
         clock.lap("route")
-        gateway.router.on_routed(route, backend.name)
+        gateway.router.on_routed(ticket, backend.name)
         clock.lap("index insert (on_routed)")
-        gateway.router.on_finished(route, backend.name, None, ok=True)
+        gateway.router.on_finished(ticket, None, ok=True)
     await gateway.session.close()
     return clock
 

@@ -12,9 +12,11 @@ every ``report_interval_s``, as the gateway's checker does). Nothing sleeps and 
 wall clock, so a run is exactly repeatable and thousands of requests over hundreds of replicas
 take seconds to minutes.
 
-sglang-router's ``cache_aware`` is modelled (``bench/sglang_model.py``), not run: its placement
-rules over the same simulated replicas. Not modelled: network and gateway latency (about a
-millisecond in ``bench run``) and chat templates (token-id workloads only).
+Peers are modelled (``bench/peer_models.py``), not run: sglang-router's ``cache_aware``, Dynamo's
+KV router and llm-d's precise prefix-cache scheduling, each placing requests over the same
+simulated replicas by its own rules (the precise ones fed the replicas' KV events). Not modelled:
+network and gateway latency (about a millisecond in ``bench run``) and chat templates (token-id
+workloads only).
 """
 
 import heapq
@@ -25,7 +27,13 @@ from dataclasses import dataclass, field
 
 from bench.contenders import MODEL, Contender
 from bench.loadgen import LoadResult, RequestResult, sessions_of
-from bench.sglang_model import SglangCacheAware
+from bench.peer_models import (
+    MODELLED_PEERS,
+    PeerModel,
+    build_peer,
+    kv_index_of,
+    metrics_scraper_of,
+)
 from bench.sim_replica import SimReplica, SimRequest
 from bench.workloads.types import BenchRequest
 from engine.config import EngineConfig
@@ -35,14 +43,12 @@ from gateway.admission.kv_blocks import blocks_needed, fits
 from gateway.routing.config import RoutingConfig
 from gateway.routing.late_binding import HoldLine
 from gateway.routing.retention_keys import retention_hint
-from gateway.routing.router import ReplicaSpec, Router
+from gateway.routing.router import ReplicaSpec, Router, RouteTicket
 from gateway.routing.types import Hold, ReplicaState, RouteDecision, RouteRequest
 from radix.hashing import block_hashes
 from radix.kv_event_format import EventBatch
 from radix.kv_event_ingest import KVEventApplier
 
-SGLANG_MODELLED = Contender("sglang-router", "cache_aware", label="sglang-router cache_aware (modelled)")
-"""The sglang-router contender ``bench simulate --peers`` adds: a model of its placement rules."""
 SIM_KV_EVENTS = "sim://in-process"
 """The KV-event endpoint simulated replicas are given: it marks them precise for the router."""
 
@@ -137,14 +143,14 @@ def _int_or_none(value: float | int | None) -> int | None:
 
 
 class VirtualFleet:
-    """One contender (a kvgate policy, the client's direct round robin, or the model of
-    sglang-router's cache_aware) over simulated replicas."""
+    """One contender (a kvgate policy, the client's direct round robin, or a modelled peer) over
+    simulated replicas. ``seed`` breaks a modelled peer's ties (Dynamo's, llm-d's are random)."""
 
-    def __init__(self, contender: Contender, fleet: SimFleet) -> None:
-        if contender.kind not in ("kvgate", "direct") and contender != SGLANG_MODELLED:
+    def __init__(self, contender: Contender, fleet: SimFleet, seed: int = 0) -> None:
+        if contender.kind not in ("kvgate", "direct") and contender not in MODELLED_PEERS:
             raise ValueError(
-                f"bench simulate runs kvgate policies, direct round robin and sglang-router cache_aware, "
-                f"not {contender.name}"
+                f"bench simulate runs kvgate policies, direct round robin and the modelled peers "
+                f"({', '.join(peer.name for peer in MODELLED_PEERS)}), not {contender.name}"
             )
         self.fleet = fleet
         self.now = 0.0
@@ -175,10 +181,9 @@ class VirtualFleet:
         self._appliers: dict[str, KVEventApplier] = {}
         if contender.kind == "kvgate":
             self._build_router(contender)
-        self.sglang = (
-            SglangCacheAware([b.replica.name for b in self.backends], fleet.block_size)
-            if contender == SGLANG_MODELLED
-            else None
+        names = [b.replica.name for b in self.backends]
+        self.peer: PeerModel | None = (
+            build_peer(contender, names, fleet.block_size, seed) if contender in MODELLED_PEERS else None
         )
         self._round_robin = itertools.cycle(self.backends)
         self._admission: deque[Callable[[], bool]] = deque()
@@ -222,6 +227,8 @@ class VirtualFleet:
             for _ in range(users):
                 next_session()
         self._schedule(0.0, self._refresh_reports, background=True)
+        if self.peer is not None and metrics_scraper_of(self.peer) is not None:
+            self._schedule(0.0, self._scrape_peer_metrics, background=True)
         while self._foreground and len(results) < len(requests):
             self.now, order, action = heapq.heappop(self._events)
             if order >= 0:
@@ -249,6 +256,16 @@ class VirtualFleet:
         for backend in self.backends:
             backend.reported = backend.replica.report()
         self._schedule(self.now + self.fleet.report_interval_s, self._refresh_reports, background=True)
+
+    def _scrape_peer_metrics(self) -> None:
+        """A metrics-reading peer's periodic scrape of every replica (waiting queue, KV usage)."""
+        scraper = metrics_scraper_of(self.peer) if self.peer is not None else None
+        if scraper is None:
+            return
+        for backend in self.backends:
+            replica = backend.replica
+            scraper.observe(replica.name, len(replica.scheduler.waiting), replica.block_manager.usage)
+        self._schedule(self.now + scraper.metrics_refresh_s, self._scrape_peer_metrics, background=True)
 
     def _start_session(
         self,
@@ -312,13 +329,13 @@ class VirtualFleet:
     ) -> bool:
         """Route and hand the request to a replica with room for its KV blocks, or hold it for its
         owner (late binding); False if it must wait in the admission FIFO."""
-        decision, uncached, kv_blocks = self._choose(route, may_hold)
+        decision, ticket, uncached, kv_blocks = self._choose(route, may_hold)
         if decision is None:
             return False
         if decision.hold is not None:
             self._hold(decision.hold, route, prompt, result, finished)
             return True
-        self._dispatch(decision, uncached, kv_blocks, route, prompt, result, finished)
+        self._dispatch(decision, ticket, uncached, kv_blocks, route, prompt, result, finished)
         return True
 
     def _hold(
@@ -336,12 +353,12 @@ class VirtualFleet:
         held_since = self.now
 
         def try_release() -> bool:
-            decision, uncached, kv_blocks = self._choose(route, may_hold=True)
+            decision, ticket, uncached, kv_blocks = self._choose(route, may_hold=True)
             if decision is None or decision.hold is not None:
                 return False
             self.held_stats.released += 1
             self.held_stats.wait_s_total += self.now - held_since
-            self._dispatch(decision, uncached, kv_blocks, route, prompt, result, finished)
+            self._dispatch(decision, ticket, uncached, kv_blocks, route, prompt, result, finished)
             return True
 
         entry = line.push(hold.uncached_tokens, try_release)
@@ -370,6 +387,7 @@ class VirtualFleet:
     def _dispatch(
         self,
         decision: RouteDecision,
+        ticket: RouteTicket | None,
         uncached: int,
         kv_blocks: int,
         route: RouteRequest,
@@ -379,8 +397,8 @@ class VirtualFleet:
     ) -> None:
         backend = self._by_name[decision.backend]
         result.backend, result.route_reason, result.status = decision.backend, decision.reason, 200
-        if self.router is not None:
-            self.router.on_routed(route, backend.replica.name)
+        if self.router is not None and ticket is not None:
+            self.router.on_routed(ticket, backend.replica.name)
         backend.in_flight += 1
         backend.in_flight_prefill_tokens += uncached
         backend.kv_reserved_blocks += kv_blocks
@@ -388,15 +406,17 @@ class VirtualFleet:
 
         def first_token(now: float) -> None:
             backend.in_flight_prefill_tokens -= uncached
+            if self.peer is not None:
+                self.peer.first_token(route.request_id)
             self._schedule(now, lambda: self._release_held(name))
 
         def done(sim_request: SimRequest, now: float) -> None:
             backend.in_flight -= 1
             backend.kv_reserved_blocks -= kv_blocks
-            if self.router is not None:
-                self.router.on_finished(route, name, sim_request.seq.num_cached_tokens, ok=True)
-            if self.sglang is not None:
-                self.sglang.finished(name)
+            if self.router is not None and ticket is not None:
+                self.router.on_finished(ticket, sim_request.seq.num_cached_tokens, ok=True)
+            if self.peer is not None:
+                self.peer.finished(route.request_id)
             finished(sim_request, now)
             self._schedule(now, self._pump_admission)
             self._schedule(now, lambda: self._release_held(name))
@@ -405,29 +425,32 @@ class VirtualFleet:
         backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session)
         self._start_step(backend.replica)
 
-    def _choose(self, route: RouteRequest, may_hold: bool = True) -> tuple[RouteDecision | None, int, int]:
+    def _choose(
+        self, route: RouteRequest, may_hold: bool = True
+    ) -> tuple[RouteDecision | None, RouteTicket | None, int, int]:
         """The gateway's placement: ranked replicas until one has room for the request's KV blocks
         (a decision to hold the request for its owner comes back as is)."""
         block_size = self.fleet.block_size
         kv_blocks = blocks_needed(route.prompt_tokens, route.max_tokens, block_size)
-        if self.sglang is not None:
-            # sglang-router forwards at once; the engine queues what does not fit.
-            name, reason = self.sglang.route(route.block_hashes, route.prompt_tokens)
-            return RouteDecision(name, reason, 0, [name]), route.prompt_tokens, kv_blocks
+        if self.peer is not None:
+            # The peers forward at once; the engine queues what does not fit.
+            name, reason = self.peer.route(route.request_id, route.block_hashes, route.prompt_tokens)
+            return RouteDecision(name, reason, 0, [name]), None, route.prompt_tokens, kv_blocks
         if self.router is None:
             backend = next(self._round_robin)
             decision = RouteDecision(backend.replica.name, "direct", 0, [backend.replica.name])
-            return decision, route.prompt_tokens, kv_blocks
+            return decision, None, route.prompt_tokens, kv_blocks
         candidates = list(self.backends)
         while candidates:
-            decision = self.router.route(route, [backend.state() for backend in candidates], may_hold)
+            ticket = self.router.route(route, [backend.state() for backend in candidates], may_hold)
+            decision = ticket.decision
             backend = self._by_name[decision.backend]
             uncached = route.prompt_tokens - decision.predicted_cached_tokens
             kv_blocks = blocks_needed(uncached, route.max_tokens, block_size)
             if decision.hold is not None or fits(backend.kv_reserved_blocks, kv_blocks, self.fleet.num_blocks):
-                return decision, uncached, kv_blocks
+                return decision, ticket, uncached, kv_blocks
             candidates.remove(backend)
-        return None, 0, 0
+        return None, None, 0, 0
 
     def _pump_admission(self) -> None:
         """Place queued requests, oldest first, while they fit."""
@@ -444,6 +467,9 @@ class VirtualFleet:
         applier = self._appliers.get(replica.name)
         if applier is not None and events:
             applier.apply(EventBatch(self.now, events))
+        peer_index = kv_index_of(self.peer) if self.peer is not None else None
+        if peer_index is not None and events:
+            peer_index.apply(replica.name, events)
         self._start_step(replica)
 
     def _record(self, result: RequestResult, sim_request: SimRequest, now: float) -> None:

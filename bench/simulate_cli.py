@@ -3,8 +3,9 @@
 Same workloads, flags, table and plots as ``bench run``, with kvgate's real router and the
 engine's real scheduler and block manager, but no processes, sockets or sleeps: a whole trace
 over 4 to 256 replicas in minutes, exactly repeatable. Contenders are kvgate's policies, the
-client's direct round robin and, with ``--peers``, a model of sglang-router's cache_aware
-(``bench/sglang_model.py``; ``bench run`` runs the real one).
+client's direct round robin and, with ``--peers``, models of sglang-router's cache_aware, Dynamo's
+KV router and llm-d's precise prefix-cache scheduling (``bench/peer_models.py``; ``bench run``
+runs the real sglang-router).
 """
 
 import argparse
@@ -17,12 +18,14 @@ import yaml
 from bench.bounds import compute_bounds
 from bench.cli import DEFAULT_NUM_BLOCKS, TRACE_FILES, pairs, scaled_costs
 from bench.contenders import MODEL, contenders_for
+from bench.peer_models import MODELLED_PEERS
 from bench.processes import REPO
 from bench.report import ContenderRow, summarize, write_report
 from bench.runner import bound_prompt
 from bench.sim_compare import compare_with_run
-from bench.simulate import SGLANG_MODELLED, SimFleet, VirtualFleet
+from bench.simulate import SimFleet, VirtualFleet
 from bench.text_vocab import round_trip_vocab
+from bench.users_table import DEFAULT_ITL_SLO_S
 from bench.workloads import WORKLOADS, with_overrides
 from engine.sim_presets import GPU_PRESETS, preset_costs, preset_names
 from normalize.chat_tokenizer import ChatTokenizer
@@ -75,11 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="replicas publish no load socket: the router sees /stats every 2 s and its own queued prefill",
     )
     parser.add_argument(
-        "--peers", action="store_true", help="also the model of sglang-router cache_aware (bench/sglang_model.py)"
+        "--peers",
+        action="store_true",
+        help="also the modelled peers: sglang-router cache_aware, Dynamo's KV router, llm-d precise prefix "
+        "(bench/peer_models.py)",
     )
     parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
     parser.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
     parser.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds")
+    parser.add_argument(
+        "--itl-slo",
+        type=float,
+        default=DEFAULT_ITL_SLO_S,
+        help="mean inter-token latency bound of goodput, seconds (default: %(default)s)",
+    )
     parser.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
     parser.add_argument("--trace", choices=sorted(TRACE_FILES), default="conversation")
     parser.add_argument("--out", type=Path, help="report folder (default: bench/out/simulate/WORKLOAD)")
@@ -107,7 +119,7 @@ def main(argv: list[str]) -> int:
         for contender in contenders_for(args.policy.split(","), peers=False)
     ]
     if args.peers:
-        contenders.append(SGLANG_MODELLED)
+        contenders += MODELLED_PEERS
     prefill_us = (
         args.sim_prefill_us if args.sim_prefill_us is not None else (75.0 if args.preset == "smollm2-cpu" else None)
     )
@@ -139,7 +151,7 @@ def main(argv: list[str]) -> int:
     loads = {}
     for contender in contenders:
         started = time.perf_counter()
-        outcome = VirtualFleet(contender, fleet).run(requests, args.users)
+        outcome = VirtualFleet(contender, fleet, getattr(params, "seed", 0)).run(requests, args.users)
         loads[contender.name] = outcome.load
         rows.append(summarize(contender.name, outcome.load, outcome.served, args.ttft_slo))
         print(
@@ -163,10 +175,11 @@ def main(argv: list[str]) -> int:
         "users": args.users,
         "routing": routing,
         "ttft_slo_s": args.ttft_slo,
+        "itl_slo_s": args.itl_slo,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     title = f"{args.workload} (simulated, {args.preset}), {fleet.replicas} replicas x {fleet.num_blocks} blocks"
-    print(write_report(out_dir, title, rows, loads, bounds, args.ttft_slo, {}, meta))
+    print(write_report(out_dir, title, rows, loads, bounds, args.ttft_slo, {}, meta, args.itl_slo))
     print(f"report: {out_dir}/report.md, report.json, hit_rate.png, ttft_cdf.png")
     if args.compare_with_run is not None:
         print(compare_with_run(args.compare_with_run, rows, loads))

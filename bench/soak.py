@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         replicas = [Replica(process.url, events) for process, events in started]
         port = free_port()
         config = kvgate_config(Contender("kvgate", "cache_aware"), fleet, replicas, port)
-        config["observability"] = {"request_log": False}
+        config["observability"] = {"request_log": False, "loop_stall_log_s": 0.05}
         if args.hostile_clients:
             config["normalize"] = {"rules": {"volatile_spans": True}}
         config["health"] = {"interval_s": 1.0}

@@ -53,6 +53,8 @@ class Block:
     """The hash of the block before it in its prompt (None for a first block)."""
     lora: LoRARef | None = None
     """The LoRA adapter its KV was computed under (None: the base model)."""
+    cache_salt: str | None = None
+    """A first block's cache salt (its KV events name it, so consumers can derive its hash)."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,7 @@ class BlockManager:
             block.token_ids = ()
             block.parent_hash = None
             block.lora = None
+            block.cache_salt = None
         self._cached.clear()
         self._empty.extend(self._evictable)
         self._empty.extend(self._retained)
@@ -316,11 +319,27 @@ class BlockManager:
         in_use.sort(key=depth_of, reverse=True)
         device = [self.blocks[block_id] for block_id in (*self._evictable, *self._retained)] + in_use
         host = [
-            _stored(self.block_size, block_hash, entry.parent_hash, entry.token_ids, MEDIUM_CPU, entry.lora)
+            _stored(
+                self.block_size,
+                block_hash,
+                entry.parent_hash,
+                entry.token_ids,
+                MEDIUM_CPU,
+                entry.lora,
+                entry.cache_salt,
+            )
             for block_hash, entry in self.host.entries()
         ]
         return host + [
-            _stored(self.block_size, block.block_hash, block.parent_hash, block.token_ids, MEDIUM_GPU, block.lora)
+            _stored(
+                self.block_size,
+                block.block_hash,
+                block.parent_hash,
+                block.token_ids,
+                MEDIUM_GPU,
+                block.lora,
+                block.cache_salt,
+            )
             for block in device
             if block.block_hash is not None
         ]
@@ -403,6 +422,7 @@ class BlockManager:
         block.token_ids = self._block_tokens(seq, index)
         block.parent_hash = seq.block_hashes[index - 1] if index > 0 else None
         block.lora = seq.adapter
+        block.cache_salt = seq.cache_salt if index == 0 else None
         self._cached[block_hash] = block.block_id
 
     def _revive_from_host(self, seq: Sequence, index: int, block_id: int, slot: int) -> None:
@@ -490,7 +510,9 @@ class BlockManager:
         del self._cached[block_hash]
         self.events.append(BlockRemoved([hash_to_bytes(block_hash)], MEDIUM_GPU))
         stored = (
-            self.host.store(block_hash, block.token_ids, block.parent_hash, block.lora) if self.host.num_slots else None
+            self.host.store(block_hash, block.token_ids, block.parent_hash, block.lora, block.cache_salt)
+            if self.host.num_slots
+            else None
         )
         if stored is not None:
             slot, displaced = stored
@@ -498,12 +520,21 @@ class BlockManager:
                 self.events.append(BlockRemoved([hash_to_bytes(displaced)], MEDIUM_CPU))
             self.transfers.append(BlockTransfer(to_host=True, device_block=block.block_id, host_slot=slot))
             self.events.append(
-                _stored(self.block_size, block_hash, block.parent_hash, block.token_ids, MEDIUM_CPU, block.lora)
+                _stored(
+                    self.block_size,
+                    block_hash,
+                    block.parent_hash,
+                    block.token_ids,
+                    MEDIUM_CPU,
+                    block.lora,
+                    block.cache_salt,
+                )
             )
         block.block_hash = None
         block.token_ids = ()
         block.parent_hash = None
         block.lora = None
+        block.cache_salt = None
 
     def _emit_stored(self, seq: Sequence, indices: list[int]) -> None:
         """One BlockStored per run of consecutive newly cached blocks."""
@@ -523,8 +554,21 @@ class BlockManager:
                     block_size=self.block_size,
                     lora_id=seq.adapter.lora_id if seq.adapter is not None else None,
                     lora_name=seq.adapter_name,
+                    extra_keys=_extra_keys(seq, run),
                 )
             )
+
+
+def _extra_keys(seq: Sequence, run: list[int]) -> list[tuple[str, ...] | None] | None:
+    """vLLM's ``extra_keys`` of the run's blocks: what their hashes cover besides token ids (the
+    adapter on every block, the cache salt on the first), so a consumer can derive them."""
+    keys = [_block_keys(seq.adapter_name, seq.cache_salt if index == 0 else None) for index in run]
+    return keys if any(keys) else None
+
+
+def _block_keys(adapter: str | None, cache_salt: str | None) -> tuple[str, ...] | None:
+    keys = tuple(key for key in (adapter, cache_salt) if key)
+    return keys or None
 
 
 def _stored(
@@ -534,8 +578,11 @@ def _stored(
     token_ids: tuple[int, ...],
     medium: str,
     lora: LoRARef | None,
+    cache_salt: str | None = None,
 ) -> BlockStored:
-    """One block's BlockStored; an adapter's block carries its ``lora_id`` and ``lora_name`` as vLLM's do."""
+    """One block's BlockStored; an adapter's block carries its ``lora_id`` and ``lora_name`` as vLLM's do,
+    and ``extra_keys`` names the adapter and a first block's salt."""
+    keys = _block_keys(lora.name if lora is not None else None, cache_salt)
     return BlockStored(
         block_hashes=[hash_to_bytes(block_hash)],
         parent_block_hash=hash_to_bytes(parent_hash) if parent_hash is not None else None,
@@ -544,4 +591,5 @@ def _stored(
         lora_id=lora.lora_id if lora is not None else None,
         medium=medium,
         lora_name=lora.name if lora is not None else None,
+        extra_keys=[keys] if keys else None,
     )

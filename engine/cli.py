@@ -345,7 +345,10 @@ def build_server(config: EngineConfig) -> EngineServer:
     )
     block_manager = BlockManager(budget.num_blocks, config.block_size, config.served_model_name, host_blocks, retention)
     scheduler = Scheduler(block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.max_loras)
-    metrics = EngineMetrics(config.served_model_name, config.block_size, budget.num_blocks, host_blocks)
+    max_lora = (config.max_loras or len(adapters)) if adapters else None
+    metrics = EngineMetrics(
+        config.served_model_name, config.block_size, budget.num_blocks, host_blocks, config.kv_cache_dtype, max_lora
+    )
     publisher = None
     if config.kv_events:
         publisher = KVEventPublisher(

@@ -29,6 +29,8 @@ class HostEntry:
     parent_hash: BlockHash | None
     lora: LoRARef | None = None
     """The adapter the block was computed under (its KV events name it)."""
+    cache_salt: str | None = None
+    """A first block's cache salt (its KV events name it too)."""
 
 
 class HostKVPool:
@@ -58,6 +60,7 @@ class HostKVPool:
         token_ids: tuple[int, ...],
         parent_hash: BlockHash | None,
         lora: LoRARef | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[int, BlockHash | None] | None:
         """A slot for a block leaving the device, and the hash of the entry it displaced (if any).
 
@@ -70,7 +73,7 @@ class HostKVPool:
             displaced, old = self._entries.popitem(last=False)
             self._free.append(old.slot)
         slot = self._free.pop()
-        self._entries[block_hash] = HostEntry(slot, token_ids, parent_hash, lora)
+        self._entries[block_hash] = HostEntry(slot, token_ids, parent_hash, lora, cache_salt)
         return slot, displaced
 
     def claim(self, block_hash: BlockHash) -> HostEntry:

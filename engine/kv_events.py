@@ -1,5 +1,11 @@
 """Publishes the block manager's KV events over ZMQ PUB in vLLM's wire format, with vLLM's replay.
 
+What goes on the wire is what vLLM's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``)
+sends, so that vLLM's consumers (Dynamo's KV router, llm-d's indexer) read it: sequence numbers
+from 0, block hashes as 64-bit unsigned ints (the last 8 bytes of our 128-bit hash, as vLLM cuts
+its sha256 ones: ``radix.kv_event_format.wire_block_hash``), the data-parallel rank 0. The block
+manager's own events keep the full hash; the conversion happens here, at the edge.
+
 Replay (optional ``replay_endpoint``) has the shape of vLLM's ``ZmqEventPublisher``: a ROUTER
 socket takes a start sequence number (8 bytes, big-endian) from a DEALER or REQ client and
 answers with every buffered batch from there on, one message ``[sequence, payload]`` each, then
@@ -18,7 +24,7 @@ from concurrent.futures import Future
 
 import zmq
 
-from radix.kv_event_format import EventBatch, KVEvent, encode_batch, frames
+from radix.kv_event_format import EventBatch, KVEvent, encode_batch, frames, to_wire
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +33,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """Sequence frame of the message that ends a replay (vLLM's marker)."""
 DEFAULT_BUFFER_STEPS = 10_000
 """Batches kept for replay (vLLM's default)."""
+DATA_PARALLEL_RANK = 0
+"""vLLM stamps each batch with its publisher's rank; one engine is one rank."""
 SNAPSHOT_TIMEOUT_S = 30.0
 
 Snapshot = tuple[int, list[KVEvent]]
@@ -78,7 +86,7 @@ class KVEventPublisher:
     def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
-        batch = frames(self.topic, self._sequence, EventBatch(time.time(), events))
+        batch = frames(self.topic, self._sequence, _wire_batch(events))
         self._socket.send_multipart(batch)
         with self._lock:
             if self._replay is not None:
@@ -101,7 +109,11 @@ class KVEventPublisher:
     def snapshot(self) -> tuple[int, bytes]:
         assert self._snapshot_source is not None
         sequence, events = self._snapshot_source().result(SNAPSHOT_TIMEOUT_S)
-        return sequence, encode_batch(EventBatch(time.time(), events))
+        return sequence, encode_batch(_wire_batch(events))
+
+
+def _wire_batch(events: list[KVEvent]) -> EventBatch:
+    return EventBatch(time.time(), [to_wire(event) for event in events], DATA_PARALLEL_RANK)
 
 
 class _ReplayServer:

@@ -128,6 +128,7 @@ class LLMEngine:
         metrics.track_state(
             lambda: self.block_manager.usage, lambda: len(self.scheduler.running), lambda: len(self.scheduler.waiting)
         )
+        metrics.track_adapters(self.adapters_in_use)
         metrics.track_host_tier(lambda: len(self.block_manager.host), lambda: self.block_manager.host.usage)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -358,6 +359,12 @@ class LLMEngine:
         if self.announce_prompts:
             self._announce(request.seq)
 
+    def adapters_in_use(self) -> tuple[list[str], list[str]]:
+        """The LoRA adapters of the running and of the waiting sequences, each named once, sorted.
+        Read from the scrape thread: the scheduler's queues are copied first (one C call each)."""
+        running, waiting = list(self.scheduler.running), list(self.scheduler.waiting)
+        return _adapter_names(running), _adapter_names(waiting)
+
     def _abort_all(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             self._abort(seq_id)
@@ -367,6 +374,7 @@ class LLMEngine:
         if request is not None:
             self.scheduler.finish(request.seq)
             self.runner.release(seq_id)
+            self.metrics.request_finished("abort")
 
     def _step(self) -> bool:
         """Schedule and compute one step; False if nothing could be scheduled."""
@@ -426,11 +434,11 @@ class LLMEngine:
         if request.detokenizer.stopped:
             seq.finish_reason = "stop"
         finished = seq.finish_reason is not None
-        if finished:
+        if seq.finish_reason is not None:
             self._requests.pop(seq.seq_id)
             self.scheduler.finish(seq)
             self.runner.release(seq.seq_id)
-            self.metrics.request_success.inc()
+            self.metrics.request_finished(seq.finish_reason)
             self.metrics.e2e_latency.observe(now - seq.arrival_time)
         output = RequestOutput(
             text=request.detokenizer.take_delta(final=finished),
@@ -491,6 +499,10 @@ def _settle(future: "asyncio.Future[Any]", value: Any, error: Exception | None) 
         future.set_exception(error)
     else:
         future.set_result(value)
+
+
+def _adapter_names(seqs: list[Sequence]) -> list[str]:
+    return sorted({seq.adapter_name for seq in seqs if seq.adapter_name is not None})
 
 
 def _deliver(outputs: list[_Delivery]) -> None:

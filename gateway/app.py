@@ -1,7 +1,6 @@
 """The gateway's aiohttp application: routes, error shaping, start-up and shutdown."""
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from gateway.anthropic import endpoints as anthropic
 from gateway.anthropic.errors import anthropic_error_response
 from gateway.config import KvgateConfig
 from gateway.errors import OpenAIError, error_response
+from gateway.gateway_request import GatewayRequest
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.routes import add_routes as add_observability_routes
 from gateway.reload import CONFIG_PATH, reload_endpoint
@@ -66,7 +66,7 @@ def _record_refusal(gateway: Gateway | None, error: OpenAIError) -> None:
     """Record a request refused before any endpoint ran (aiohttp's parser or router) in the request
     log and metrics, like every other refusal; ``gateway`` is None before it has started."""
     if gateway is not None:
-        gateway.telemetry.observe_rejection(f"req-{uuid.uuid4().hex}", error, None, time.perf_counter())
+        gateway.telemetry.observe_rejection(GatewayRequest(f"req-{uuid.uuid4().hex}"), error)
 
 
 def admin_app() -> web.Application:
@@ -108,7 +108,9 @@ def create_app(config: KvgateConfig, config_path: Path | None = None) -> web.App
         app[GATEWAY] = gateway
         await gateway.start()
         metrics = gateway.telemetry.metrics
-        lag_monitor = LoopLagMonitor(metrics.loop_lag, metrics.loop_lag_max)
+        lag_monitor = LoopLagMonitor(
+            metrics.loop_lag, metrics.loop_lag_max, stall_s=config.observability.loop_stall_log_s
+        )
         lag_monitor.start()
         yield
         await lag_monitor.stop()

@@ -9,6 +9,9 @@ _EXTRA_OF_PACKAGE: dict[str, str] = {
     "accelerate": "engine",
     "llguidance": "engine",
     "matplotlib": "bench",
+    "grpc": "epp",
+    "grpc_health": "epp",
+    "envoy": "epp",
 }
 """Packages that only kvgate's extras bring: `pip install kvgate` (the gateway alone) has none of them."""
 
@@ -16,6 +19,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("gateway.supervisor", "start the engines listed in the config, then the gateway"),
     "gateway": ("gateway.server", "run the gateway alone, in front of the config's backends"),
     "engine": ("engine.cli", "run one bundled engine replica (real model or --sim)"),
+    "epp": ("gateway.epp.server", "run an Envoy ext_proc endpoint picker (Gateway API Inference Extension)"),
     "plan": ("planner.cli", "KV-cache arithmetic: bytes per token, per sequence, concurrency per card"),
     "bench": ("bench.cli", "benchmarks: workloads, contenders, reports"),
 }

@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from gateway.admission.config import AdminConfig, LimitsConfig, SharedStateConfig, TenantConfig, resolve_secret
+from gateway.backends.discovery_config import DiscoveryConfig
 from gateway.config_section import ConfigSection
 from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
@@ -156,6 +157,8 @@ class KvgateConfig(ConfigSection):
     block_size: int = Field(16, ge=1)
     engines: list[EngineSpec] = []
     backends: list[BackendSpec] = []
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    """Replicas found at run time (DNS), added to ``backends``; see docs/configuration.md."""
     routing: RoutingConfig = RoutingConfig()
     limits: LimitsConfig = LimitsConfig()
     normalize: NormalizeConfig = NormalizeConfig()
@@ -185,7 +188,23 @@ class KvgateConfig(ConfigSection):
         if without_events:
             raise ValueError(f"kv_events_replay needs kv_events; missing on: {', '.join(without_events)}")
         self._require_precise_mode_when_shared()
+        self._check_discovery()
         return self
+
+    def _check_discovery(self) -> None:
+        rules = [rule.name for rule in self.discovery.dns]
+        if len(set(rules)) != len(rules):
+            raise ValueError("discovery.dns: names must be unique")
+        unknown = [rule.name for rule in self.discovery.dns if rule.model is not None and rule.model not in self.models]
+        if unknown:
+            raise ValueError(
+                f"discovery.dns {', '.join(unknown)}: model must be the top-level model or one a backend declares"
+            )
+        predicted = [rule.name for rule in self.discovery.dns if rule.kv_events_port is None]
+        if self.shared_state is not None and predicted:
+            raise ValueError(
+                f"several gateways (shared_state) need kv_events_port on discovery.dns {', '.join(predicted)}"
+            )
 
     def _require_precise_mode_when_shared(self) -> None:
         """Several gateways (``shared_state``) route as one only on the replicas' KV events: predicted

@@ -40,7 +40,7 @@ from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError, service_unavailable
 from gateway.routing.retention_keys import retention_hint
-from gateway.routing.router import Router
+from gateway.routing.router import Router, RouteTicket
 from gateway.routing.types import Hold, RouteDecision, RouteReason, RouteRequest
 from protocol.tracing import span
 
@@ -65,9 +65,14 @@ class Dispatched:
 @dataclass(frozen=True)
 class Placement:
     backend: Backend
-    decision: RouteDecision
+    ticket: RouteTicket
+    """The router's decision, settled by ``_forward`` once the request is sent and answered."""
     uncached_tokens: int
     kv_blocks: int
+
+    @property
+    def decision(self) -> RouteDecision:
+        return self.ticket.decision
 
 
 @dataclass
@@ -239,21 +244,30 @@ class Dispatcher:
         candidates = [backend for backend in usable if backend.has_room]
         while candidates:
             with span("gateway.route"):
-                decision = self.router.route(request, [backend.state() for backend in candidates], may_hold)
+                ticket = self.router.route(request, [backend.state() for backend in candidates], may_hold)
+            decision = ticket.decision
             backend = self.pool.backends[decision.backend]
             uncached = request.prompt_tokens - decision.predicted_cached_tokens
             kv_blocks = blocks_needed(uncached, request.max_tokens, self.block_size)
             if decision.hold is not None or backend.fits(kv_blocks):
-                return Placement(backend, decision, uncached, kv_blocks)
+                return Placement(backend, ticket, uncached, kv_blocks)
             candidates.remove(backend)
         return None
 
     async def _forward(
         self, request: RouteRequest, placement: Placement, decision: RouteDecision, forwarding: Forwarding
     ) -> tuple[web.StreamResponse, UpstreamOutcome]:
-        """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit."""
+        """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit.
+
+        The router hears of the request (its index insert) as soon as it is written to the replica,
+        before the gateway yields to any other request, so none routes without seeing it; or, for one
+        that failed before it was sent, before its failure undoes it (a ticket is settled once)."""
         backend = placement.backend
-        routed = _Once(lambda: self.router.on_routed(request, backend.name))
+        ticket = placement.ticket
+
+        def routed() -> None:
+            self.router.on_routed(ticket, backend.name)
+
         outcome: UpstreamOutcome | None = None
         try:
             with backend.occupy(placement.uncached_tokens, placement.kv_blocks) as prefill_done:
@@ -301,9 +315,7 @@ class Dispatcher:
         finally:
             routed()
             ok = outcome is not None and outcome.completed
-            self.router.on_finished(
-                request, backend.name, outcome.usage.cached_tokens if outcome and outcome.usage else None, ok=ok
-            )
+            self.router.on_finished(ticket, outcome.usage.cached_tokens if outcome and outcome.usage else None, ok=ok)
             self.queue.notify()
             self.held.notify(backend.name)
         if outcome.completed or outcome.status != 200:
@@ -311,20 +323,6 @@ class Dispatcher:
         elif not outcome.client_gone:
             backend.breaker.record_failure()
         return response, outcome
-
-
-class _Once:
-    """The index insert of a routed request: run as soon as the request is written to the replica
-    (before the gateway yields to any other request, so none routes without seeing it), or, for
-    one that failed before it was sent, before its failure undoes it."""
-
-    def __init__(self, insert: Callable[[], None]) -> None:
-        self._insert: Callable[[], None] | None = insert
-
-    def __call__(self) -> None:
-        insert, self._insert = self._insert, None
-        if insert is not None:
-            insert()
 
 
 def decision_headers(decision: RouteDecision) -> dict[str, str]:

@@ -12,7 +12,6 @@ on load alone (no block hashes) under the same prompt caps and tenants.
 import asyncio
 import re
 import secrets
-import time
 from functools import partial
 from typing import Any
 
@@ -22,10 +21,10 @@ from opentelemetry import trace as otel
 
 from gateway.admission.forwarded_body import forwarded_body
 from gateway.admission.input_limits import check_input, check_raw_body
-from gateway.admission.tenants import Tenant
 from gateway.dispatch import Forwarding
 from gateway.errors import OpenAIError, bad_request, error_response
 from gateway.front_end import FrontEnd
+from gateway.gateway_request import GatewayRequest
 from gateway.openai_request import Endpoint, parse_request
 from gateway.routing.cache_keys import named_session
 from gateway.routing.retention_keys import client_session_key
@@ -80,38 +79,34 @@ async def _handle(
     request: web.Request, endpoint: Endpoint, root: otel.Span | None, front: FrontEnd | None
 ) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    request_id = client_request_id(request)
     trace = continue_trace(request.headers)
     trace_id = trace.trace_id if root is None else format(root.get_span_context().trace_id, "032x")
-    started = time.perf_counter()
-    tenant: Tenant | None = None
-    route_request: RouteRequest | None = None
-    forwarding: Forwarding | None = None
-    stream = False
+    req = GatewayRequest(client_request_id(request), trace_id)
     try:
         with span("gateway.auth"):
-            tenant = gateway.tenants.authenticate(request)
+            tenant = req.tenant = gateway.tenants.authenticate(request)
             priority = tenant.priority(request.headers)
         async with tenant.hold_slot():
             with span("gateway.normalize"):
                 received = await read_json(request, gateway)
-                parsed = front.parse(received) if front else parse_request(received, endpoint)
-                stream = parsed.stream
+                parsed = req.parsed = front.parse(received) if front else parse_request(received, endpoint)
                 check_input(parsed.body, gateway.config.limits)
-                target = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters())
+                target = req.target = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters())
                 model = target.served
                 cache_salt = tenant.cache_salt(parsed.cache_salt)
-                normalized = await model.normalizer.apply_async(parsed.body, responses=endpoint is Endpoint.RESPONSES)
+                normalized = req.normalized = await model.normalizer.apply_async(
+                    parsed.body, responses=endpoint is Endpoint.RESPONSES
+                )
                 session = named_session(
                     partial(header_text, request), gateway.config.routing.session_headers, parsed.body, parsed.user
                 )
-            check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
+            bound = gateway.limits.prompt_bound(model.name, tenant.caps)
             with span("gateway.tokenize"):
                 async with gateway.tokenize_slots.hold(tenant.name):
-                    prompts = await model.token_ids(normalized.body, parsed, cache_salt, check_bound)
+                    req.prompts = await model.token_ids(normalized.body, parsed, cache_salt, bound.check)
                     if front:
-                        await front.prompt_known(model, normalized.body, cache_salt, prompts[0].ids)
-            prompt_tokens = sum(len(prompt.ids) for prompt in prompts)
+                        await front.prompt_known(model, normalized.body, cache_salt, req.prompts[0].ids)
+            prompt_tokens = sum(len(prompt.ids) for prompt in req.prompts)
             if parsed.generates:
                 grant = gateway.limits.check(
                     model.name,
@@ -121,16 +116,17 @@ async def _handle(
                     gateway.default_max_tokens(endpoint),
                     parsed.n,
                 )
-                body = forwarded_body(normalized.body, grant, cache_salt, _LIMIT_KEYS.get(endpoint, "max_tokens"))
+                limit_key = _LIMIT_KEYS.get(endpoint, "max_tokens")
+                body = forwarded_body(normalized.body, grant, cache_salt, limit_key, model=target.upstream_name)
                 hashes = model.hash_memo.block_hashes(
-                    prompts[0], gateway.config.block_size, model.name, cache_salt, target.adapter
+                    req.prompts[0], gateway.config.block_size, model.name, cache_salt, target.adapter
                 )
-                output_tokens = grant.max_tokens * parsed.n * len(prompts)
+                output_tokens = grant.max_tokens * parsed.n * len(req.prompts)
             else:
-                longest = max(len(prompt.ids) for prompt in prompts)
+                longest = max(len(prompt.ids) for prompt in req.prompts)
                 gateway.limits.check_prompt(model.name, tenant.caps, prompt_tokens, longest)
-                body, hashes, output_tokens = normalized.body, [], 0
-            route_request = RouteRequest(
+                body, hashes, output_tokens = _named_upstream(normalized.body, target), [], 0
+            route = req.route = RouteRequest(
                 request_id=f"gw-{secrets.token_hex(16)}",
                 model=model.name,
                 block_hashes=hashes,
@@ -139,38 +135,30 @@ async def _handle(
                 session_key=client_session_key(tenant.name, cache_salt, session.key if session else None),
                 session_source=session.source if session else None,
                 cache_salt=cache_salt,
-                token_ids=prompts[0].ids,
+                token_ids=req.prompts[0].ids,
                 adapter=target.adapter,
                 tenant=tenant.name,
             )
-            upstream_body = _named_upstream(body, target)
-            forwarding = Forwarding(
+            forwarding = req.forwarding = Forwarding(
                 path=endpoint.value,
-                body=upstream_body,
+                body=body,
                 stream=parsed.stream,
                 include_usage=parsed.include_usage,
-                headers=response_headers(request_id, normalized.changed),
+                headers=response_headers(req.request_id, normalized.changed),
                 client_request=request,
                 upstream_headers=trace.headers(),
                 stream_format="responses" if endpoint is Endpoint.RESPONSES else "chat",
                 stream_response=front.stream_response if front else web.StreamResponse,
-                native=front.native_form(upstream_body) if front else None,
+                native=front.native_form(body) if front else None,
             )
-            dispatched = await gateway.dispatcher.dispatch(route_request, tenant, forwarding, priority)
+            dispatched = await gateway.dispatcher.dispatch(route, tenant, forwarding, priority)
     except OpenAIError as error:
-        charged = forwarding.progress.charged_tokens if forwarding else None
-        gateway.telemetry.observe_rejection(
-            request_id, error, tenant.name if tenant else None, started, trace_id, charged
-        )
-        return (front.error_response if front else error_response)(error, {"x-request-id": request_id})
+        gateway.telemetry.observe_rejection(req, error)
+        return (front.error_response if front else error_response)(error, {"x-request-id": req.request_id})
     except asyncio.CancelledError:
-        progress = forwarding.progress if forwarding else None
-        tenant_name = tenant.name if tenant else None
-        gateway.telemetry.observe_client_gone(request_id, tenant_name, started, route_request, stream, progress)
+        gateway.telemetry.observe_client_gone(req)
         raise
-    gateway.telemetry.observe_completion(
-        request_id, route_request, model, normalized, parsed.stream, dispatched, tenant.name, started, trace_id
-    )
+    gateway.telemetry.observe_completion(req, dispatched)
     return front.finish(dispatched.response) if front else dispatched.response
 
 

@@ -7,7 +7,7 @@ config into them, so what a reload changes is decided in one place beside what a
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +20,7 @@ from gateway.admission.queue import AdmissionQueue
 from gateway.admission.redis_limiter import RedisLimiter
 from gateway.admission.tenants import TenantRegistry
 from gateway.admission.tokenize_slots import TokenizeSlots
+from gateway.backends.dns_discovery import DnsDiscoverer
 from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, ConfigError, KvgateConfig
 from gateway.dispatch import Dispatcher
@@ -49,6 +50,14 @@ class Gateway:
     limits: RequestCaps
     telemetry: Telemetry
     tokenize_slots: TokenizeSlots
+    discovery: DnsDiscoverer = field(init=False)
+    """Replicas found in DNS (``discovery.dns``), served beside the config's ``backends``."""
+    _applying: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
+    """One change of the backend set at a time: a reload or a discovery."""
+
+    def __post_init__(self) -> None:
+        self.discovery = DnsDiscoverer(self.apply_discovered)
+        self.discovery.configure(self.config.discovery.dns)
 
     @classmethod
     def build(cls, config: KvgateConfig) -> "Gateway":
@@ -73,6 +82,10 @@ class Gateway:
         budgets. block_size cannot change live; listen and shared_state changes wait for the
         next restart.
         """
+        async with self._applying:
+            await self._apply(config, source)
+
+    async def _apply(self, config: KvgateConfig, source: str) -> None:
         if config.block_size != self.config.block_size:
             raise ConfigError(f"invalid config {source}: block_size cannot change without a restart")
         if config.listen != self.config.listen:
@@ -92,9 +105,12 @@ class Gateway:
         if _model_sources(config) != _model_sources(self.config):
             models = await asyncio.to_thread(ModelRegistry.from_config, config)
         try:
-            self.router.update(config.routing, replica_specs(config, self.pool))
+            self.router.update(config.routing, replica_specs(self._with_discovered(config), self.pool))
         except ValueError as exc:
             raise ConfigError(f"invalid config {source}: routing: {exc}") from None
+        if config.discovery != self.config.discovery:
+            self.discovery.configure(config.discovery.dns)
+            self.router.update(config.routing, replica_specs(self._with_discovered(config), self.pool))
         self.config = config
         self.models = models
         self.tenants = tenants
@@ -102,7 +118,22 @@ class Gateway:
         self.queue.configure(config.limits.max_queue, config.limits.queue_timeout_s)
         self.dispatcher.timeouts = config.timeouts
         self.telemetry.pricing = config.observability.pricing
-        await self.pool.update(backend_specs(config), config.health, self.session)
+        await self._update_backends(config)
+
+    async def apply_discovered(self) -> None:
+        """Serve the replicas discovery found now, beside the config's backends."""
+        async with self._applying:
+            self.router.update(self.config.routing, replica_specs(self._with_discovered(self.config), self.pool))
+            await self._update_backends(self.config)
+
+    async def _update_backends(self, config: KvgateConfig) -> None:
+        await self.pool.update(backend_specs(self._with_discovered(config)), config.health, self.session)
+
+    def _with_discovered(self, config: KvgateConfig) -> KvgateConfig:
+        """``config`` with the discovered replicas added to its backends (a name it lists wins)."""
+        listed = {backend.name for backend in config.backends}
+        found = [backend for backend in self.discovery.backends if backend.name not in listed]
+        return config.model_copy(update={"backends": [*config.backends, *found]}) if found else config
 
     def default_max_tokens(self, endpoint: Endpoint) -> int:
         return DEFAULT_MAX_TOKENS[endpoint]
@@ -115,14 +146,16 @@ class Gateway:
         self.pool.on_pending = self.router.tracker.record_pending
         await self.router.start()
         await self.pool.start(self.session)
+        await self.discovery.start()
 
     def sync_router_capacity(self) -> None:
         """Give the router each replica's KV size as soon as the replica reports it (predicted mode)."""
-        specs = replica_specs(self.config, self.pool)
+        specs = replica_specs(self._with_discovered(self.config), self.pool)
         if specs != self.router.replicas:
             self.router.update(self.config.routing, specs)
 
     async def stop(self) -> None:
+        await self.discovery.stop()
         await self.pool.stop()
         await self.router.stop()
         await self.session.close()

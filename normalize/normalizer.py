@@ -34,7 +34,7 @@ OFFLOAD_TOOLS = 32
 @dataclass(frozen=True)
 class NormalizedRequest:
     body: dict[str, Any]
-    """The canonical body to hash and forward (a new dict)."""
+    """The canonical body to hash and forward: a new dict, or the sent one when no rule changed it."""
     changed: list[str]
     """Names of the rules that changed something, in ``RULE_ORDER``."""
 
@@ -56,10 +56,12 @@ class Normalizer:
         self._volatile = VolatileSpans(patterns) if rules.volatile_spans and patterns else None
 
     def apply(self, body: dict[str, Any], *, responses: bool = False) -> NormalizedRequest:
-        """``responses``: the body is a Responses request (its ``input`` is messages, not embedding inputs)."""
-        canonical = dict(body)
+        """``responses``: the body is a Responses request (its ``input`` is messages, not embedding inputs).
+
+        ``body`` is never mutated; it comes back itself (not copied) when no rule changed it."""
         if not self.config.enabled:
-            return NormalizedRequest(canonical, [])
+            return NormalizedRequest(body, [])
+        canonical: dict[str, Any] = {}
         changed: set[str] = set()
         messages = body.get("messages")
         if isinstance(messages, list):
@@ -72,7 +74,9 @@ class Normalizer:
             canonical["prompt"] = self._prompt(prompt, changed)
         if responses:
             self._responses(body, canonical, changed)
-        return NormalizedRequest(canonical, [name for name in RULE_ORDER if name in changed])
+        if not changed:
+            return NormalizedRequest(body, [])
+        return NormalizedRequest({**body, **canonical}, [name for name in RULE_ORDER if name in changed])
 
     async def apply_async(self, body: dict[str, Any], *, responses: bool = False) -> NormalizedRequest:
         """``apply``, on a worker thread when the body is large."""

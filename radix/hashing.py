@@ -90,5 +90,6 @@ def extend_block_hashes(
 
 
 def hash_to_bytes(block_hash: BlockHash) -> bytes:
-    """Wire form of a hash (KV events carry hashes as 16 big-endian bytes)."""
+    """A hash as 16 big-endian bytes (the block manager's events; on the ZMQ wire the engine sends
+    vLLM's 64-bit cut of it, ``radix.kv_event_format.wire_block_hash``)."""
     return block_hash.to_bytes(_HASH_BYTES, "big")

@@ -1,19 +1,26 @@
 """vLLM's KV-event wire format, written by the engine and read by the gateway.
 
-Over ZMQ PUB each message has three frames: ``[topic, sequence (8-byte big-endian), payload]``.
+Over ZMQ PUB each message has three frames: ``[topic, sequence (8-byte big-endian), payload]``;
+sequence numbers start at 0 (vLLM's ``ZmqEventPublisher`` counts with ``itertools.count()``).
 The payload is msgpack ``[timestamp, [event, ...], data_parallel_rank]``. Current vLLM encodes
-each event as a map with a ``type`` key; older releases as a positional array whose first item
-is the type name. We write maps and read both. Block hashes are opaque to a consumer (vLLM's are
-64-bit ints cut from sha256, ours are 16 bytes): consumers re-derive their own from token ids.
+each event as a map with a ``type`` key (vllm-project/vllm#42892); older releases as a positional
+array whose first item is the type name. We write maps and read both, and a batch written as a map
+too. Block hashes are opaque to a consumer: on the wire vLLM sends 64-bit unsigned ints, the last 8
+bytes of its sha256 block hash (``maybe_convert_block_hash`` in ``vllm/v1/core/kv_cache_utils.py``,
+on by default through ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); the bundled engine converts its
+128-bit hashes the same way (``wire_block_hash``). Older kvgate engines sent 16 bytes, which we
+still read. Consumers re-derive their own hashes from token ids; vLLM's ``extra_keys`` carries what
+else went into a block's hash (the LoRA name on every block, the cache salt on a prompt's first).
 """
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
 ExternalBlockHash = bytes | int
+WIRE_HASH_MASK = (1 << 64) - 1
 MEDIUM_GPU = "GPU"
 """The device pool (vLLM's name for it, whatever the accelerator)."""
 MEDIUM_CPU = "CPU"
@@ -29,6 +36,9 @@ class BlockStored:
     lora_id: int | None = None
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    """Per block, what else its hash covers (vLLM: LoRA name, multimodal hashes, the cache salt on
+    a prompt's first block), or None."""
 
 
 @dataclass
@@ -46,7 +56,16 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 _EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
 _POSITIONAL_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"),
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+    ),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
@@ -69,7 +88,7 @@ def encode_batch(batch: EventBatch) -> bytes:
 
 
 def decode_batch(payload: bytes) -> EventBatch:
-    """Read a payload in either the map or the positional event encoding.
+    """Read a payload in either the map or the positional encoding, of the batch and of its events.
 
     Raises ``ValueError`` for a payload that is not an event batch; unknown event types are
     skipped so that a newer publisher does not break an older consumer.
@@ -78,11 +97,36 @@ def decode_batch(payload: bytes) -> EventBatch:
         raw = _decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise ValueError(f"KV event payload is not msgpack: {exc}") from exc
+    if isinstance(raw, dict):
+        raw = [raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")]
     if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
         raise ValueError("KV event payload is not [ts, events, ...]")
+    if not isinstance(raw[0], int | float):
+        raise ValueError("KV event batch timestamp is not a number")
     rank = raw[2] if len(raw) > 2 else None
     events = [event for event in (_decode_event(item) for item in raw[1]) if event is not None]
     return EventBatch(float(raw[0]), events, rank)
+
+
+def wire_block_hash(block_hash: ExternalBlockHash) -> int:
+    """The 64-bit unsigned int vLLM publishes for a block hash: its last 8 bytes, big-endian
+    (``int.from_bytes(hash_bytes, "big") & ((1 << 64) - 1)``, vLLM's ``maybe_convert_block_hash``)."""
+    value = int.from_bytes(block_hash, "big") if isinstance(block_hash, bytes) else block_hash
+    return value & WIRE_HASH_MASK
+
+
+def to_wire(event: KVEvent) -> KVEvent:
+    """The event with its block hashes as vLLM publishes them (64-bit ints)."""
+    if isinstance(event, BlockStored):
+        parent = event.parent_block_hash
+        return replace(
+            event,
+            block_hashes=[wire_block_hash(block_hash) for block_hash in event.block_hashes],
+            parent_block_hash=None if parent is None else wire_block_hash(parent),
+        )
+    if isinstance(event, BlockRemoved):
+        return replace(event, block_hashes=[wire_block_hash(block_hash) for block_hash in event.block_hashes])
+    return event
 
 
 def _decode_event(item: Any) -> KVEvent | None:

@@ -1,11 +1,14 @@
 """Apply one replica's KV events to the prefix index, in kvgate's own block hashes.
 
-Engines name blocks with their own hashes: the bundled engine with kvgate's (16 bytes, the
-request's cache salt included), vLLM with 64-bit ints cut from sha256 over blocks of its own
-size. kvgate hashes are re-derived from the events' token ids along the parent chain, keeping a
-map from the engine's hash of each block to the kvgate hashes it covers (an engine block of
-``k * block_size`` tokens is ``k`` kvgate blocks). A 16-byte hash over blocks of kvgate's size
-is taken as kvgate's own, which is what keeps salted requests exact on bundled engines.
+Engines name blocks with their own hashes: vLLM with 64-bit ints cut from sha256 over blocks of
+its own size, the bundled engine with the same 64-bit cut of kvgate's own hash (older bundled
+engines sent kvgate's whole hash, 16 bytes). kvgate hashes are re-derived from the events' token
+ids along the parent chain, keeping a map from the engine's hash of each block to the kvgate
+hashes it covers (an engine block of ``k * block_size`` tokens is ``k`` kvgate blocks); a block
+already mapped keeps its derivation (a copy to another tier names it again without its parent).
+A prompt's first block is derived from the root of the event's LoRA adapter and of the cache salt
+that vLLM's ``extra_keys`` carries on that block, which the bundled engine sends the same way, so
+salted requests stay exact. A 16-byte hash over blocks of kvgate's size is taken as kvgate's own.
 
 LoRA: a foreign engine's block cached under an adapter is re-derived from the adapter's root
 (``root_hash(model, adapter=...)``, the event's ``lora_name``; an event with only the older
@@ -15,9 +18,8 @@ in their root, so they are taken as they are, like its base-model hashes. Tiers:
 is the device, any other ("CPU", a disk tier) is host memory, recorded as such in the index so
 the router can price a hit there as a copy rather than as free (radix/prefix_index.py).
 
-Limitation: events carry no cache salt. A foreign engine's blocks are re-derived from the
-unsalted root of the replica's model, so salted prompts on vLLM are only known to the router
-through its short-lived speculative entries (see gateway/routing/cache_tracker.py).
+Limitation: a first block stored without its salt (vLLM's host-tier events may not carry
+``extra_keys``) is derived from the unsalted root, unless its hash is already mapped.
 """
 
 import logging
@@ -53,6 +55,20 @@ def adapter_of(event: BlockStored) -> str | None:
     if event.lora_name:
         return event.lora_name
     return f"lora-id:{event.lora_id}" if event.lora_id is not None else None
+
+
+def salt_of(event: BlockStored) -> str | None:
+    """The cache salt of a prompt's first block: in vLLM's ``extra_keys`` for that block, the
+    string that follows the LoRA name (vLLM lists the adapter, multimodal keys, then the salt)."""
+    if event.parent_block_hash is not None or not event.extra_keys:
+        return None
+    keys = event.extra_keys[0]
+    if not isinstance(keys, list | tuple):
+        return None
+    strings = [key for key in keys if isinstance(key, str)]
+    if strings and event.lora_name and strings[0] == event.lora_name:
+        strings = strings[1:]
+    return strings[-1] if strings else None
 
 
 @dataclass
@@ -104,13 +120,45 @@ class KVEventApplier:
     def apply(self, batch: EventBatch) -> None:
         self.counters.batches += 1
         now = self._clock()
+        waiting: dict[ExternalBlockHash, list[BlockStored]] = {}
+        removed: list[BlockRemoved] = []
         for event in batch.events:
+            if isinstance(event, BlockRemoved) and (not removed or removed[-1].medium == event.medium):
+                removed.append(event)
+                continue
+            if removed:
+                self._removed(removed)
+                removed = [event] if isinstance(event, BlockRemoved) else []
             if isinstance(event, BlockStored):
-                self._stored(event, now)
-            elif isinstance(event, BlockRemoved):
-                self._removed(event)
+                self._stored_or_wait(event, now, waiting)
             elif isinstance(event, AllBlocksCleared):
+                self._give_up(waiting)
                 self.clear()
+        if removed:
+            self._removed(removed)
+        self._give_up(waiting)
+
+    def _stored_or_wait(
+        self, event: BlockStored, now: float, waiting: dict[ExternalBlockHash, list[BlockStored]]
+    ) -> None:
+        """Apply ``event``, then the events of this batch that waited for its blocks. An event whose
+        parent is not known yet waits for it: a snapshot lists blocks least recently used first,
+        so a prompt's tail before its head."""
+        ready = [event]
+        while ready:
+            current = ready.pop()
+            parent = current.parent_block_hash
+            if parent is not None and parent not in self._derived and not _is_kvgate_hash(parent):
+                waiting.setdefault(parent, []).append(current)
+                continue
+            self._stored(current, now)
+            for external in current.block_hashes:
+                ready.extend(waiting.pop(external, ()))
+
+    def _give_up(self, waiting: dict[ExternalBlockHash, list[BlockStored]]) -> None:
+        """Events whose parent never came are orphans (events were missed)."""
+        self.counters.orphans += sum(len(events) for events in waiting.values())
+        waiting.clear()
 
     def clear(self) -> None:
         """The replica's cache is empty (it said so, or it restarted)."""
@@ -136,10 +184,13 @@ class KVEventApplier:
             self.speculative.remove(self.replica, hashes)
         self.counters.blocks_stored += len(hashes)
 
-    def _removed(self, event: BlockRemoved) -> None:
+    def _removed(self, run: list[BlockRemoved]) -> None:
+        """A run of consecutive removals from one medium, applied as one: engines send one event
+        per evicted block (vLLM does), and one index call per block cost ~10x as much."""
         hashes: list[BlockHash] = []
-        on_host = None if event.medium is None else is_host_medium(event.medium)
-        for external in event.block_hashes:
+        medium = run[0].medium
+        on_host = None if medium is None else is_host_medium(medium)
+        for external in (external for event in run for external in event.block_hashes):
             derived = self._derived.get(external)
             if derived is not None:
                 hashes.extend(derived)
@@ -169,13 +220,18 @@ class KVEventApplier:
             return None
         if engine_size == self.block_size and all(map(_is_kvgate_hash, event.block_hashes)):
             return [int.from_bytes(external, "big") for external in event.block_hashes if isinstance(external, bytes)]
-        parent = self._parent_hash(event.parent_block_hash, adapter_of(event))
+        parent = self._parent_hash(event.parent_block_hash, adapter_of(event), salt_of(event))
         if parent is None:
             self.counters.orphans += 1
             return None
         hashes: list[BlockHash] = []
         per_engine_block = engine_size // self.block_size
         for position, external in enumerate(event.block_hashes):
+            known = self._derived.get(external)
+            if known is not None:
+                hashes.extend(known)
+                parent = known[-1]
+                continue
             covered: list[BlockHash] = []
             for sub in range(per_engine_block):
                 start = (position * per_engine_block + sub) * self.block_size
@@ -185,8 +241,12 @@ class KVEventApplier:
             hashes.extend(covered)
         return hashes
 
-    def _parent_hash(self, external: ExternalBlockHash | None, adapter: str | None) -> BlockHash | None:
+    def _parent_hash(
+        self, external: ExternalBlockHash | None, adapter: str | None, salt: str | None
+    ) -> BlockHash | None:
         if external is None:
+            if salt is not None:
+                return root_hash(self._model, salt, adapter)
             root = self._roots.get(adapter)
             if root is None:
                 root = self._roots[adapter] = root_hash(self._model, adapter=adapter)

@@ -127,6 +127,9 @@ class KVEventSubscriber:
                 await self._replay(0)
             while True:
                 await self._handle(await socket.recv_multipart())
+                # A message already queued makes recv a finished future, and awaiting one does not
+                # give the loop back: a backlog would be drained in one loop iteration.
+                await asyncio.sleep(0)
         finally:
             socket.close()
 

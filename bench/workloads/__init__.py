@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.workloads import multi_turn, normalization_noise, shared_prefix, skew, trace_replay
+from bench.workloads import hotspot_burst, multi_turn, normalization_noise, shared_prefix, skew, trace_replay
 from bench.workloads.types import BenchRequest
 
 
@@ -27,6 +27,7 @@ WORKLOADS: dict[str, Workload] = {
         chat=True,
     ),
     "skew": Workload(skew.SkewParams, skew.generate, chat=False),
+    "hotspot-burst": Workload(hotspot_burst.HotspotBurstParams, hotspot_burst.generate, chat=False),
 }
 
 

@@ -16,6 +16,23 @@ class TokenGrant:
     max_tokens: int
 
 
+@dataclass(frozen=True)
+class PromptBound:
+    """A request's prompt-length limit, checked before tokenization (``RequestCaps.prompt_bound``)."""
+
+    model: str
+    limit: int | None
+
+    def check(self, at_least: int) -> None:
+        """Reject (400) a prompt whose lower bound on tokens cannot fit."""
+        if self.limit is not None and at_least > self.limit:
+            raise bad_request(
+                f"This request has at least {at_least} prompt tokens; the limit for '{self.model}' is {self.limit}.",
+                param="messages",
+                code="prompt_too_long",
+            )
+
+
 class RequestCaps:
     """Caps from `limits:` (all models, per model), narrowed per tenant, and the model's context."""
 
@@ -27,23 +44,13 @@ class RequestCaps:
         """(tenant caps, merged caps) by (id of the tenant caps, model): merging pydantic models costs
         ~50 us a request. A reload builds a new RequestCaps, so nothing here goes stale."""
 
-    def prompt_limit(self, model: str, tenant_caps: TokenCaps) -> int | None:
+    def prompt_bound(self, model: str, tenant_caps: TokenCaps) -> PromptBound:
         """The most prompt tokens a request could be admitted with: ``max_prompt_tokens``, and one
-        less than the context; None when neither is known."""
+        less than the context; no limit when neither is known. Computed once per request."""
         caps = self._caps(model, tenant_caps)
         context = caps.context_length or self.reported_context(model)
         bounds = [bound for bound in (caps.max_prompt_tokens, None if context is None else context - 1) if bound]
-        return min(bounds) if bounds else None
-
-    def check_prompt_bound(self, model: str, tenant_caps: TokenCaps, at_least: int) -> None:
-        """Before tokenizing: reject (400) a prompt whose lower bound on tokens cannot fit."""
-        limit = self.prompt_limit(model, tenant_caps)
-        if limit is not None and at_least > limit:
-            raise bad_request(
-                f"This request has at least {at_least} prompt tokens; the limit for '{model}' is {limit}.",
-                param="messages",
-                code="prompt_too_long",
-            )
+        return PromptBound(model, min(bounds) if bounds else None)
 
     def check(
         self, model: str, tenant_caps: TokenCaps, prompt_tokens: int, requested: int | None, default: int, n: int = 1

@@ -14,9 +14,15 @@ SESSION_HINT = "kvgate_session"
 
 
 def forwarded_body(
-    body: dict[str, Any], grant: TokenGrant, cache_salt: str | None, limit_key: str = "max_tokens"
+    body: dict[str, Any],
+    grant: TokenGrant,
+    cache_salt: str | None,
+    limit_key: str = "max_tokens",
+    *,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """``body`` (never mutated) with what admission decided written into it.
+    """``body`` (never mutated) with what admission decided written into it, and ``model`` as the
+    backend knows it when given (an alias resolved to its model or adapter), in one copy.
 
     The backend always gets exactly one cap, ``max_tokens`` (the one name every engine reads on
     both endpoints; vLLM, SGLang and the bundled engine's completions ignore
@@ -28,6 +34,8 @@ def forwarded_body(
     dropped = (*CAP_ALIASES, limit_key, SESSION_HINT)
     forwarded = {key: value for key, value in body.items() if key not in dropped}
     forwarded[limit_key] = grant.max_tokens
+    if model is not None:
+        forwarded["model"] = model
     if cache_salt is None:
         forwarded.pop("cache_salt", None)
     else:

@@ -5,8 +5,6 @@ Messages go down the one request path (gateway/handler.py) with the Anthropic fr
 the count the router and the caps use, without routing anything.
 """
 
-from functools import partial
-
 from aiohttp import web
 
 from gateway.admission.input_limits import check_input
@@ -35,9 +33,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         check_input(parsed.body, gateway.config.limits)
         model = gateway.models.resolve(parsed.model, gateway.pool.reported_adapters()).served
         normalized = await model.normalizer.apply_async(parsed.body)
-        check_bound = partial(gateway.limits.check_prompt_bound, model.name, tenant.caps)
+        bound = gateway.limits.prompt_bound(model.name, tenant.caps)
         async with gateway.tokenize_slots.hold(tenant.name):
-            prompts = await model.token_ids(normalized.body, parsed, tenant.cache_salt(None), check_bound)
+            prompts = await model.token_ids(normalized.body, parsed, tenant.cache_salt(None), bound.check)
     except OpenAIError as error:
         return anthropic_error_response(error, {"x-request-id": request_id})
     return web.json_response({"input_tokens": len(prompts[0].ids)}, headers={"x-request-id": request_id})

@@ -56,6 +56,7 @@ class LoadFeed:
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
         try:
             while True:
+                await asyncio.sleep(0)  # a queued message's recv does not give the loop back
                 payload = await socket.recv()
                 try:
                     report = decode_load(payload)

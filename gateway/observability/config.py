@@ -23,6 +23,9 @@ class ObservabilityConfig(ConfigSection):
     pricing: dict[str, ModelPrice] = {}
     """List prices per served model (gateway/observability/pricing.py): each request's cost and
     cache savings go to the request log, /metrics and the dashboard's stats. Empty: none."""
+    loop_stall_log_s: float = Field(0.25, gt=0)
+    """An event-loop stall at least this long is logged with the stack the loop was running (the
+    watchdog wakes every half of it). Lower it, e.g. to 0.05, to find what holds the loop."""
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP collector URL (e.g. http://127.0.0.1:4318/v1/traces) for the gateway's trace spans;
     None: no spans are exported (W3C trace context is still propagated). Read at start-up only."""

@@ -9,6 +9,7 @@ from gateway.admission.held import HeldRequests
 from gateway.admission.queue import AdmissionQueue
 from gateway.backends.circuit_breaker import BreakerState
 from gateway.backends.pool import BackendPool
+from gateway.observability.saturation import saturation_by_model
 from gateway.routing.router import Router
 from radix.kv_event_subscriber import SubscriberStats
 
@@ -35,6 +36,7 @@ class LiveStateCollector(Collector):
         yield from self._queue()
         yield from self._held()
         yield from self._router()
+        yield self._saturation()
 
     def _backends(self) -> Iterator[Metric]:
         in_flight = _gauge("kvgate_backend_in_flight", "Requests in flight on a backend.", "backend")
@@ -77,6 +79,16 @@ class LiveStateCollector(Collector):
             count_value=stats.left,
             sum_value=stats.wait_s_total,
         )
+
+    def _saturation(self) -> Metric:
+        saturation = _gauge(
+            "kvgate_pool_saturation",
+            "How saturated a model's replicas are, 0 to 1 (queue depth and KV usage; docs/deploy.md).",
+            "model",
+        )
+        for model, value in saturation_by_model(self.pool, self.held.stats().held_by_owner).items():
+            saturation.add_metric([model], value)
+        return saturation
 
     def _router(self) -> Iterator[Metric]:
         stats = self.router.stats()

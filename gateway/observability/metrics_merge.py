@@ -34,6 +34,7 @@ LARGEST: frozenset[str] = frozenset(
         "kvgate_kv_event_lost_batches",
         "kvgate_kv_event_lag_seconds",
         "kvgate_event_loop_lag_max_seconds",
+        "kvgate_pool_saturation",
     }
 )
 MEAN: frozenset[str] = frozenset(

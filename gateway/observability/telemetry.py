@@ -11,8 +11,9 @@ import asyncio
 import time
 
 from gateway.backends.proxy import UpstreamOutcome
-from gateway.dispatch import Dispatched, Progress
+from gateway.dispatch import Dispatched
 from gateway.errors import OpenAIError
+from gateway.gateway_request import GatewayRequest
 from gateway.observability.config import ObservabilityConfig
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.prefix_breakers import PrefixBreakers
@@ -22,7 +23,6 @@ from gateway.observability.rolling_stats import StatsWindow
 from gateway.observability.telemetry_record import UNAUTHENTICATED, RequestRecord
 from gateway.routing.types import RouteDecision, RouteRequest
 from gateway.served_model import ServedModel
-from normalize.normalizer import NormalizedRequest
 from normalize.segment_tokenizer import SegmentTokenizer
 from protocol.usage import Usage
 
@@ -38,29 +38,19 @@ class Telemetry:
         self.log = RequestLog(config)
         self.pricing = config.pricing
 
-    def observe_completion(
-        self,
-        request_id: str,
-        route_request: RouteRequest,
-        model: ServedModel,
-        normalized: NormalizedRequest,
-        stream: bool,
-        dispatched: Dispatched,
-        tenant: str | None,
-        started: float,
-        trace_id: str | None = None,
-    ) -> None:
-        """A request a backend answered; ``started`` is its arrival (``time.perf_counter()``)."""
-        record = _served_record(
-            request_id, route_request, stream, dispatched.decision, dispatched.outcome, tenant, started
-        )
+    def observe_completion(self, request: GatewayRequest, dispatched: Dispatched) -> None:
+        """A request a backend answered."""
+        route, target, normalized = request.route, request.target, request.normalized
+        assert route is not None and target is not None and normalized is not None, "an answered request was routed"
+        record = _served_record(request, route, dispatched.decision, dispatched.outcome)
         record.status = _status(dispatched)
         record.queued_s = dispatched.queued_s
         record.charged_tokens = dispatched.charged_tokens
         record.normalized_rules = list(normalized.changed)
-        record.trace_id = trace_id
+        record.trace_id = request.trace_id
         self._price(record)
-        asyncio.get_running_loop().call_soon(self._observe_completion, record, normalized.body, model, route_request)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(self._observe_completion, record, normalized.body, target.served, route)
 
     def _price(self, record: RequestRecord) -> None:
         price = self.pricing.get(record.model or "")
@@ -69,56 +59,41 @@ class Telemetry:
         priced = request_cost(price, record.prompt_tokens, record.cached_tokens or 0, record.completion_tokens or 0)
         record.cost, record.cache_savings = priced.cost, priced.savings
 
-    def observe_client_gone(
-        self,
-        request_id: str,
-        tenant: str | None,
-        started: float,
-        route_request: RouteRequest | None,
-        stream: bool,
-        progress: Progress | None,
-    ) -> None:
+    def observe_client_gone(self, request: GatewayRequest) -> None:
         """A request whose client left before it was answered (its handler was cancelled): with the
         backend and what it streamed when it got that far, else as a refusal with code ``client_gone``."""
-        if route_request is not None and progress is not None and progress.decision and progress.outcome:
-            record = _served_record(
-                request_id, route_request, stream, progress.decision, progress.outcome, tenant, started
-            )
+        route = request.route
+        progress = request.forwarding.progress if request.forwarding is not None else None
+        if route is not None and progress is not None and progress.decision and progress.outcome:
+            record = _served_record(request, route, progress.decision, progress.outcome)
             record.queued_s = progress.queued_s
         else:
             record = RequestRecord(
-                request_id=request_id,
-                model=route_request.model if route_request else None,
-                tenant=tenant or UNAUTHENTICATED,
+                request_id=request.request_id,
+                model=route.model if route else None,
+                tenant=request.tenant_name or UNAUTHENTICATED,
                 error_code=CLIENT_GONE,
-                stream=stream,
-                prompt_tokens=route_request.prompt_tokens if route_request else 0,
-                e2e_s=time.perf_counter() - started,
+                stream=request.stream,
+                prompt_tokens=route.prompt_tokens if route else 0,
+                e2e_s=time.perf_counter() - request.started,
             )
         record.status = CLIENT_GONE
         record.charged_tokens = progress.charged_tokens if progress is not None else None
         self._observe(record, None)
 
-    def observe_rejection(
-        self,
-        request_id: str,
-        error: OpenAIError,
-        tenant: str | None,
-        started: float,
-        trace_id: str | None = None,
-        charged_tokens: int | None = None,
-    ) -> None:
+    def observe_rejection(self, request: GatewayRequest, error: OpenAIError) -> None:
         """A request the gateway answered with an error itself (bad input, caps, queue, no replica,
         a first-token timeout: the one refusal that may have been charged)."""
+        forwarding = request.forwarding
         record = RequestRecord(
-            request_id=request_id,
+            request_id=request.request_id,
             model=None,
-            tenant=tenant or UNAUTHENTICATED,
+            tenant=request.tenant_name or UNAUTHENTICATED,
             status=str(error.status),
             error_code=error.code or error.type,
-            e2e_s=time.perf_counter() - started,
-            trace_id=trace_id,
-            charged_tokens=charged_tokens,
+            e2e_s=time.perf_counter() - request.started,
+            trace_id=request.trace_id,
+            charged_tokens=forwarding.progress.charged_tokens if forwarding is not None else None,
         )
         asyncio.get_running_loop().call_soon(self._observe, record, None)
 
@@ -139,34 +114,29 @@ class Telemetry:
 
 
 def _served_record(
-    request_id: str,
-    route_request: RouteRequest,
-    stream: bool,
-    decision: RouteDecision,
-    outcome: UpstreamOutcome,
-    tenant: str | None,
-    started: float,
+    request: GatewayRequest, route: RouteRequest, decision: RouteDecision, outcome: UpstreamOutcome
 ) -> RequestRecord:
     usage = outcome.usage or Usage()
+    stream = request.stream
     completion_tokens = outcome.generated_at_least if stream else usage.completion_tokens
-    granted = route_request.max_tokens
+    granted = route.max_tokens
     over_cap = completion_tokens - granted if isinstance(completion_tokens, int) and granted else 0
     return RequestRecord(
-        request_id=request_id,
-        model=route_request.model,
-        tenant=tenant or UNAUTHENTICATED,
+        request_id=request.request_id,
+        model=route.model,
+        tenant=request.tenant_name or UNAUTHENTICATED,
         backend=decision.backend,
         reason=decision.reason,
         stream=stream,
-        prompt_tokens=route_request.prompt_tokens,
+        prompt_tokens=route.prompt_tokens,
         predicted_cached_tokens=decision.predicted_cached_tokens,
         cached_tokens=usage.cached_tokens,
         completion_tokens=completion_tokens,
         over_cap_tokens=max(over_cap, 0),
-        retention="client" if route_request.session_key else "inferred" if decision.retention_key else None,
+        retention="client" if route.session_key else "inferred" if decision.retention_key else None,
         error_code=outcome.error_code,
-        ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - started,
-        e2e_s=time.perf_counter() - started,
+        ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - request.started,
+        e2e_s=time.perf_counter() - request.started,
     )
 
 

@@ -1,8 +1,11 @@
 """The router: which replica serves a request, why, and how many of its prompt tokens are cached.
 
-The request handler calls ``route`` (sync, a few tens of microseconds), then ``on_routed`` when
-it sends the request and ``on_finished`` when the replica has answered; the last two keep the
-cache model and the calibration of its predictions current.
+The request handler calls ``route`` (sync, a few tens of microseconds), which returns a
+``RouteTicket``; it hands the ticket to ``on_routed`` when it sends the request and to
+``on_finished`` when the replica has answered. The last two keep the cache model and the
+calibration of its predictions current. The caller holds the ticket, so the router keeps nothing
+per request: a ticket never sent (a placement not taken, a client that left in the queue) is
+simply dropped.
 """
 
 import logging
@@ -26,12 +29,10 @@ from gateway.routing.session_footprint import FootprintStats, SessionFootprints
 from gateway.routing.types import ReplicaState, RouteDecision, RouteReason, RouteRequest
 from radix.prefix_index import PrefixMatch
 
-__all__ = ["ReplicaSpec", "Router"]
+__all__ = ["ReplicaSpec", "RouteTicket", "Router"]
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 65536
-"""Routed requests remembered for calibration; the oldest are dropped past this."""
 MAX_COUNTED_PREFIXES = 65536
 """Prefixes whose recent requests the shared-prefix rule counts; the least recently matched go first."""
 BRANCH_WINDOW_S = 300.0
@@ -43,12 +44,23 @@ MAX_COUNTED_REPLICAS = 4096
 """Replicas whose new blocks are counted (removed ones linger until pushed out)."""
 
 
-@dataclass
-class _Pending:
+@dataclass(eq=False)
+class RouteTicket:
+    """One routing decision, and what the router needs to settle it once the request is sent and
+    answered. Each of ``on_routed`` and ``on_finished`` settles a ticket at most once; finishing a
+    ticket that was never sent does nothing (nothing was predicted on its behalf)."""
+
+    request: RouteRequest
+    decision: RouteDecision
     matched_blocks: dict[str, int]
+    """Per replica: the prompt's leading blocks the cache model says it holds."""
     cached: dict[str, int]
+    """Per replica: the prompt tokens predicted cached there (what calibration compares)."""
     found: PrefixMatch
     """The index's match, which ``on_routed`` hands back to spare the insert its lookups."""
+    sent_to: str | None = None
+    """The replica ``on_routed`` was told the request went to."""
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,6 @@ class Router:
         self._replicas = list(replicas)
         self._specs = {spec.name: spec for spec in replicas}
         self.policy: Policy = build_policy(config, self._ring_for_model)
-        self._pending: dict[str, _Pending] = {}
 
     async def start(self) -> None:
         self.tracker.start()
@@ -99,11 +110,12 @@ class Router:
     async def stop(self) -> None:
         await self.tracker.stop()
 
-    def route(self, request: RouteRequest, replicas: list[ReplicaState], may_hold: bool = True) -> RouteDecision:
+    def route(self, request: RouteRequest, replicas: list[ReplicaState], may_hold: bool = True) -> RouteTicket:
         """Rank ``replicas``, which the caller has already filtered to those that may take the request
         (the backend pool's health, breaker and draining state, and a free slot).
 
-        With late binding on and ``may_hold``, a load spill worth waiting out comes back with
+        The decision comes in a ticket the caller hands to ``on_routed`` and ``on_finished``. With
+        late binding on and ``may_hold``, a load spill worth waiting out comes back with
         ``decision.hold`` set (gateway/routing/late_binding.py)."""
         candidates = sorted(replicas, key=lambda replica: replica.name)
         matched, found = self.tracker.match_prefix(request.block_hashes)
@@ -124,7 +136,6 @@ class Router:
         overflow, sessions = self._session_load(request, candidates, matched, now)
         ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions)
         ranked = self.policy.rank(ctx)
-        self._remember(request.request_id, _Pending(matched, cached, found))
         chosen = ranked[0]
         reason = self.policy.reason(ctx, chosen)
         late = self.config.late_binding
@@ -141,7 +152,8 @@ class Router:
             held = [matched.get(replica.name, 0) for replica in candidates]
             retention_key = self._retention_key(request.block_hashes, held, match_end, now)
         reason = keyed_reason(reason, request.session_source)
-        return RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
+        decision = RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
+        return RouteTicket(request, decision, matched, cached, found)
 
     def _retention_key(self, hashes: list[int], held: list[int], match_end: int | None, now: float) -> str | None:
         """The conversation's key: the one its previous turn got, else the first private block's.
@@ -188,30 +200,38 @@ class Router:
         """More than one recent request's cached match ended on this block: conversations part here."""
         return self._match_ends.value(block_hash, now) >= BRANCH_REQUESTS
 
-    def on_routed(self, request: RouteRequest, backend: str) -> None:
+    def on_routed(self, ticket: RouteTicket, backend: str) -> None:
+        """The request was sent to ``backend``: count it and insert its blocks there (once per ticket)."""
+        if ticket.sent_to is not None:
+            return
+        ticket.sent_to = backend
         if backend not in self._specs:
             return
-        pending = self._pending.get(request.request_id)
-        if pending is not None:
-            now = self._clock()
-            match_end = _match_end(request.block_hashes, pending.matched_blocks)
-            if match_end is not None:
-                self._prefix_requests.add(match_end, 1.0, now)
-                self._match_ends.add(match_end, 1.0, now)
-            held = pending.matched_blocks.get(backend, 0)
-            self._new_blocks.add(backend, len(request.block_hashes) - held, now)
-            if request.session_key is not None:
-                self._footprints.add(backend, request.session_key, len(request.block_hashes), held, now)
-        self.tracker.record_routed(request.block_hashes, backend, pending.found if pending is not None else None)
+        request = ticket.request
+        now = self._clock()
+        match_end = _match_end(request.block_hashes, ticket.matched_blocks)
+        if match_end is not None:
+            self._prefix_requests.add(match_end, 1.0, now)
+            self._match_ends.add(match_end, 1.0, now)
+        held = ticket.matched_blocks.get(backend, 0)
+        self._new_blocks.add(backend, len(request.block_hashes) - held, now)
+        if request.session_key is not None:
+            self._footprints.add(backend, request.session_key, len(request.block_hashes), held, now)
+        self.tracker.record_routed(request.block_hashes, backend, ticket.found)
 
-    def on_finished(self, request: RouteRequest, backend: str, reported_cached_tokens: int | None, ok: bool) -> None:
-        pending = self._pending.pop(request.request_id, None)
-        if pending is None or backend not in self._specs:
+    def on_finished(self, ticket: RouteTicket, reported_cached_tokens: int | None, ok: bool) -> None:
+        """The replica the ticket was sent to has answered (``ok``) or failed: calibrate the
+        prediction, or undo the blocks it was predicted to hold (once per ticket)."""
+        backend = ticket.sent_to
+        if backend is None or ticket.finished:
+            return
+        ticket.finished = True
+        if backend not in self._specs:
             return
         if not ok:
-            self.tracker.record_failed(request.block_hashes, backend, pending.matched_blocks.get(backend, 0))
+            self.tracker.record_failed(ticket.request.block_hashes, backend, ticket.matched_blocks.get(backend, 0))
         elif reported_cached_tokens is not None:
-            self.calibration.add(pending.cached.get(backend, 0), reported_cached_tokens)
+            self.calibration.add(ticket.cached.get(backend, 0), reported_cached_tokens)
 
     def update(self, config: RoutingConfig, replicas: list[ReplicaSpec]) -> None:
         """Hot reload: a new policy or weights, replicas added or removed."""
@@ -244,12 +264,6 @@ class Router:
             names = [spec.name for spec in self._replicas if spec.model == model]
             ring = self._rings[model] = HashRing(names, self.config.session_vnodes)
         return ring
-
-    def _remember(self, request_id: str, pending: _Pending) -> None:
-        self._pending.pop(request_id, None)
-        if len(self._pending) >= MAX_PENDING:
-            del self._pending[next(iter(self._pending))]
-        self._pending[request_id] = pending
 
 
 def _match_end(hashes: list[int], matched: dict[str, int]) -> int | None:

@@ -54,12 +54,12 @@ def test_model_and_tenant_overrides_narrow_the_defaults() -> None:
 
 
 def test_prompt_bound_before_tokenizing_uses_the_tightest_limit() -> None:
-    assert caps().prompt_limit("m", TokenCaps()) is None
-    assert caps(reported=2048).prompt_limit("m", TokenCaps()) == 2047
-    assert caps(reported=2048, max_prompt_tokens=100).prompt_limit("m", TokenCaps(max_prompt_tokens=50)) == 50
-    caps(max_prompt_tokens=100).check_prompt_bound("m", TokenCaps(), 100)
+    assert caps().prompt_bound("m", TokenCaps()).limit is None
+    assert caps(reported=2048).prompt_bound("m", TokenCaps()).limit == 2047
+    assert caps(reported=2048, max_prompt_tokens=100).prompt_bound("m", TokenCaps(max_prompt_tokens=50)).limit == 50
+    caps(max_prompt_tokens=100).prompt_bound("m", TokenCaps()).check(100)
     with pytest.raises(OpenAIError) as error:
-        caps(max_prompt_tokens=100).check_prompt_bound("m", TokenCaps(), 101)
+        caps(max_prompt_tokens=100).prompt_bound("m", TokenCaps()).check(101)
     assert error.value.code == "prompt_too_long" and "at least 101" in error.value.message
 
 

@@ -22,3 +22,10 @@ def test_granted_tokens_and_salt_are_written_into_a_copy() -> None:
 
 def test_a_salt_the_tenant_does_not_use_is_not_forwarded() -> None:
     assert "cache_salt" not in forwarded_body({"prompt": "x", "cache_salt": "s"}, TokenGrant(1), None)
+
+
+def test_the_model_the_backend_knows_is_written_into_the_same_copy() -> None:
+    body = {"model": "alias", "messages": [], "max_tokens": 5}
+    forwarded = forwarded_body(body, TokenGrant(5), None, model="served")
+    assert list(forwarded.items()) == [("model", "served"), ("messages", []), ("max_tokens", 5)]
+    assert body["model"] == "alias"

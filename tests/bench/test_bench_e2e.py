@@ -50,7 +50,11 @@ def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
     cache_aware = rows["kvgate cache_aware"]["hit_rate"]
     assert 0.75 * bound <= cache_aware <= bound + 1e-9, "cache_aware sends a group's prompts to its first replica"
     assert cache_aware >= rows["kvgate round_robin"]["hit_rate"]
-    assert (tmp_path / "report.md").read_text().count("| kvgate") == 2
+    markdown = (tmp_path / "report.md").read_text()
+    assert markdown.count("| kvgate") == 4, "the main table and the users' table"
+    users = {row["contender"]: row for row in report["users"]}
+    assert set(users) == set(rows) and all(row["shed_rate"] == row["error_rate"] == 0 for row in users.values())
+    assert "(1.00x)" in markdown, "round robin against itself"
     assert (tmp_path / "hit_rate.png").stat().st_size > 0 and (tmp_path / "ttft_cdf.png").stat().st_size > 0
 
 

@@ -1,8 +1,9 @@
 """The model of sglang-router's cache_aware that ``kvgate bench simulate --peers`` runs."""
 
 from bench.contenders import Contender
+from bench.peer_models import SGLANG_MODELLED, SglangPeer
 from bench.sglang_model import SglangCacheAware
-from bench.simulate import SGLANG_MODELLED, SimFleet, VirtualFleet
+from bench.simulate import SimFleet, VirtualFleet
 from tests.bench.test_simulate import COSTS, REQUESTS
 
 BLOCK = 16
@@ -55,7 +56,7 @@ def test_the_modelled_contender_runs_in_virtual_time_and_keeps_prefixes_together
     modelled = VirtualFleet(SGLANG_MODELLED, fleet)
     results = modelled.run(REQUESTS).load.results
     assert len(results) == len(REQUESTS) and all(r.ok for r in results)
-    assert modelled.sglang is not None and sum(modelled.sglang.load.values()) == 0, "every request finished"
+    assert isinstance(modelled.peer, SglangPeer) and sum(modelled.peer.model.load.values()) == 0, "all finished"
     direct = VirtualFleet(Contender("direct", "round_robin"), fleet).run(REQUESTS).load.results
 
     def hits(results: list) -> float:

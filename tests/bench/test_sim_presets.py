@@ -2,9 +2,13 @@
 
 import pytest
 
+from bench.contenders import Contender
+from bench.peer_models import MODELLED_PEERS
+from bench.simulate import SimFleet, VirtualFleet
 from engine.runner_api import SamplingParams, SeqChunk
 from engine.sim_presets import GPU_PRESETS, H100_SXM, GpuPreset, preset_costs
 from engine.sim_runner import SMOLLM2_CPU, SimCosts
+from tests.bench.test_simulate import REQUESTS
 
 
 def decode_step(costs: SimCosts, batch: int, context: int) -> float:
@@ -42,3 +46,12 @@ def test_tensor_parallel_splits_flops_and_kv_reads_across_gpus() -> None:
     assert tp1.step_overhead_s / 4 < tp4.step_overhead_s < tp1.step_overhead_s, "weights split, all-reduces added"
     assert GpuPreset("llama-3-70b", H100_SXM).kv_blocks(16) == 0, "70B does not fit one 80 GB card"
     assert GPU_PRESETS["llama-3-70b-h100-tp4"].kv_blocks(16) > 10_000
+
+
+@pytest.mark.parametrize("preset", ["llama-3-8b-h100", "llama-3-70b-h100-tp4"])
+def test_gpu_presets_run_an_eight_replica_fleet_behind_kvgate_and_every_modelled_peer(preset: str) -> None:
+    fleet = SimFleet(replicas=8, num_blocks=GPU_PRESETS[preset].kv_blocks(16), costs=preset_costs(preset))
+    for contender in (Contender("kvgate", "cache_aware"), *MODELLED_PEERS):
+        results = VirtualFleet(contender, fleet).run(REQUESTS).load.results
+        assert len(results) == len(REQUESTS) and all(r.ok for r in results), contender.name
+        assert sum(r.cached_tokens for r in results) > 0, contender.name

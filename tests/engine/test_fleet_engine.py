@@ -19,7 +19,15 @@ from engine.runner_api import SamplingParams
 from engine.sequence import Sequence
 from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
-from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockStored, EventBatch, parse_frames
+from radix.kv_event_format import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockStored,
+    EventBatch,
+    parse_frames,
+    wire_block_hash,
+)
 from tests.procs import ManagedProcess, free_port, start_engine
 
 MODEL = "smollm2-135m"
@@ -136,7 +144,7 @@ def test_replay_sends_buffered_batches_then_a_snapshot_once_outrun(
     held = {event.block_hashes[0] for event in stored if isinstance(event, BlockStored)}
     assert len(held) == decode_stats(get_bytes(f"{engine.url}/stats")).cached_blocks
     for seed in range(1, 7):
-        expected = {hash_to_bytes(h) for h in block_hashes(prompt(seed, 100), 16, MODEL)}
+        expected = {wire_block_hash(h) for h in block_hashes(prompt(seed, 100), 16, MODEL)}
         assert expected <= held, f"prompt {seed}'s blocks are missing from the snapshot"
     recent = replay(endpoints["replay"], sequence)
     assert recent and recent[0][0] >= sequence - 2, "the buffer still covers the latest batches"

@@ -10,8 +10,8 @@ import openai
 import pytest
 import zmq
 
-from radix.hashing import block_hashes, hash_to_bytes
-from radix.kv_event_format import MEDIUM_CPU, AllBlocksCleared, BlockStored, parse_frames
+from radix.hashing import block_hashes
+from radix.kv_event_format import MEDIUM_CPU, AllBlocksCleared, BlockStored, parse_frames, wire_block_hash
 from tests.engine.test_server_sim import FAST_SIM, MODEL, get_json, metric, post, wait_idle
 from tests.procs import ManagedProcess, free_port, start_engine
 
@@ -75,8 +75,8 @@ def test_a_prefix_evicted_to_the_host_comes_back_as_cached_tokens(
         assert stats["host_blocks"] == HOST_BLOCKS and stats["host_hit_blocks"] > 0
         assert 0 < stats["host_cached_blocks"] <= HOST_BLOCKS
         assert metric(engine, "kvgate:host_kv_cache_blocks") == HOST_BLOCKS
-        on_host: set[bytes] = set()
-        document_blocks = {hash_to_bytes(block_hash) for block_hash in block_hashes(document, 16, MODEL)}
+        on_host: set[int | bytes] = set()
+        document_blocks = {wire_block_hash(block_hash) for block_hash in block_hashes(document, 16, MODEL)}
         deadline = time.monotonic() + 10
         while not on_host & document_blocks:
             assert time.monotonic() < deadline, "no BlockStored with medium CPU for the document"

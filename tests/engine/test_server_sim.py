@@ -16,8 +16,8 @@ import openai
 import pytest
 import zmq
 
-from radix.hashing import block_hashes, hash_to_bytes
-from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, parse_frames
+from radix.hashing import block_hashes
+from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored, parse_frames, wire_block_hash
 from tests.procs import ManagedProcess, free_port, start_engine
 
 MODEL = "smollm2-135m"
@@ -170,7 +170,7 @@ def test_kv_events_decode_to_the_blocks_the_engine_holds(
     subscriber.setsockopt(zmq.RCVTIMEO, 1000)
     subscriber.connect(events_endpoint)
     try:
-        held: set[bytes] = set()
+        held: set[int | bytes] = set()
         cleared = False
         deadline = time.monotonic() + 20
         while not cleared:
@@ -183,7 +183,7 @@ def test_kv_events_decode_to_the_blocks_the_engine_holds(
         salt = uuid.uuid4().hex
         prompt = list(range(1000, 1100))
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, extra_body={"cache_salt": salt})
-        expected = {hash_to_bytes(block_hash) for block_hash in block_hashes(prompt, 16, MODEL, salt)}
+        expected = {wire_block_hash(block_hash) for block_hash in block_hashes(prompt, 16, MODEL, salt)}
         stats = wait_idle(engine)
         while len(held) < stats["cached_blocks"]:
             _apply(parse_frames(subscriber.recv_multipart())[1].events, held)
@@ -193,7 +193,7 @@ def test_kv_events_decode_to_the_blocks_the_engine_holds(
         subscriber.close()
 
 
-def _apply(events: list, held: set[bytes]) -> bool:
+def _apply(events: list, held: set[int | bytes]) -> bool:
     """Track stored/removed hashes; True if the batch cleared everything."""
     cleared = False
     for event in events:

@@ -69,7 +69,13 @@ def test_user_messages_only_where_configured() -> None:
 def test_disabled_forwards_as_sent() -> None:
     request = body(tools=TOOLS)
     result = Normalizer(NormalizeConfig(enabled=False)).apply(request)
-    assert result.changed == [] and result.body == request and result.body is not request
+    assert result.changed == [] and result.body is request
+
+
+def test_a_body_no_rule_changes_is_not_copied() -> None:
+    request = body(system="You are helpful.")
+    result = Normalizer(NormalizeConfig()).apply(request)
+    assert result.changed == [] and result.body is request
 
 
 def test_each_rule_switch_turns_its_rule_off() -> None:

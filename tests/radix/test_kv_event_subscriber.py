@@ -143,3 +143,29 @@ async def test_a_sequence_gap_is_replayed_from_the_replay_socket(publisher: tupl
         await subscriber.stop()
         server.cancel()
         router.close()
+
+
+async def test_a_backlog_of_batches_gives_the_loop_back_between_batches(publisher: tuple[zmq.Socket, str]) -> None:
+    """Batches queued while the loop was busy are applied one loop turn each, not drained in one
+    turn (a queued message's recv is a finished future, and awaiting it does not yield)."""
+    socket, endpoint = publisher
+    _, subscriber, sequence = await subscribed(endpoint, socket)
+    backlog = 300
+    for offset in range(backlog):
+        socket.send_multipart(frames("kv-events", sequence + offset, EventBatch(time.time(), [])))
+    time.sleep(0.3)  # the loop is busy: every batch is queued in the socket by now
+    received_before, most_in_one_turn = subscriber.received, 0
+
+    async def watch_turns() -> None:
+        nonlocal most_in_one_turn
+        last = subscriber.received
+        while True:
+            await asyncio.sleep(0)
+            most_in_one_turn = max(most_in_one_turn, subscriber.received - last)
+            last = subscriber.received
+
+    watcher = asyncio.get_running_loop().create_task(watch_turns())
+    await until(lambda: subscriber.received == received_before + backlog)
+    watcher.cancel()
+    assert most_in_one_turn <= 2, f"{most_in_one_turn} of {backlog} queued batches were applied in one loop turn"
+    await subscriber.stop()

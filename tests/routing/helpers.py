@@ -4,7 +4,7 @@ import random
 
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
-from gateway.routing.types import ReplicaState, RouteRequest
+from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 from radix.hashing import block_hashes
 
 BLOCK = 16
@@ -33,5 +33,19 @@ def router(policy: str = "cache_aware", names: tuple[str, ...] = ("a", "b", "c")
 
 
 def warm(router_: Router, replica: str, prefix: int) -> None:
-    """Make ``replica`` hold ``prefix`` (predicted mode) by routing a request there."""
-    router_.on_routed(request(prefix, request_id=f"warm-{replica}-{prefix}"), replica)
+    """Make ``replica`` hold ``prefix`` (predicted mode) as if a request had been sent there."""
+    insert(router_, request(prefix, request_id=f"warm-{replica}-{prefix}"), replica)
+
+
+def insert(router_: Router, req: RouteRequest, replica: str) -> None:
+    """Put ``req``'s blocks in ``replica``'s predicted cache without routing it (no routing counts)."""
+    router_.tracker.record_routed(req.block_hashes, replica, None)
+
+
+def route_and_send(
+    router_: Router, req: RouteRequest, replicas: list[ReplicaState], backend: str | None = None
+) -> RouteDecision:
+    """Route ``req``, then tell the router it was sent to ``backend`` (by default where it chose)."""
+    ticket = router_.route(req, replicas)
+    router_.on_routed(ticket, backend or ticket.decision.backend)
+    return ticket.decision

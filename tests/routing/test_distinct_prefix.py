@@ -4,7 +4,7 @@
 from gateway.routing.router import Router
 from gateway.routing.types import RouteRequest
 from radix.hashing import block_hashes
-from tests.routing.helpers import BLOCK, MODEL, router, state
+from tests.routing.helpers import BLOCK, MODEL, insert, router, state
 
 ROOT = list(range(1000, 1128))
 """128 tokens (8 blocks) that every request below starts with."""
@@ -19,7 +19,7 @@ def prompt_request(tail_seed: int, tail_tokens: int, shared_tail: int = 0, reque
 
 
 def hold(r: Router, replica: str, req: RouteRequest) -> None:
-    r.on_routed(req, replica)
+    insert(r, req, replica)
 
 
 def test_a_root_every_replica_holds_is_no_match() -> None:
@@ -28,7 +28,7 @@ def test_a_root_every_replica_holds_is_no_match() -> None:
         hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
     one_shot = prompt_request(0, 400, request_id="one-shot")
     replicas = [state("a", in_flight=1, prefill_tokens=300), state("b"), state("c", in_flight=1, prefill_tokens=10)]
-    decision = r.route(one_shot, replicas)
+    decision = r.route(one_shot, replicas).decision
     assert (decision.backend, decision.reason) == ("b", "no-match"), "placed by load alone"
     assert decision.predicted_cached_tokens == 128, "the root is still cached there, and predicted so"
 
@@ -36,7 +36,7 @@ def test_a_root_every_replica_holds_is_no_match() -> None:
 def test_a_root_only_some_replicas_hold_still_counts_as_a_match() -> None:
     r = router(min_match_tokens=64)
     hold(r, "a", prompt_request(0, 64, request_id="seed-a"))
-    decision = r.route(prompt_request(0, 400, request_id="one-shot"), [state("a"), state("b"), state("c")])
+    decision = r.route(prompt_request(0, 400, request_id="one-shot"), [state("a"), state("b"), state("c")]).decision
     assert (decision.backend, decision.reason) == ("a", "prefix-hit")
 
 
@@ -47,7 +47,7 @@ def test_the_conversation_beyond_the_shared_root_decides() -> None:
     hold(r, "c", prompt_request(7, 16, shared_tail=320, request_id="turn-1"))
     decision = r.route(
         prompt_request(7, 64, shared_tail=320, request_id="turn-2"), [state("a"), state("b"), state("c")]
-    )
+    ).decision
     assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("c", "prefix-hit", 448)
 
 
@@ -56,7 +56,9 @@ def test_a_distinct_part_shorter_than_min_match_tokens_is_no_match() -> None:
     for name in "abc":
         hold(r, name, prompt_request(0, 64, request_id=f"seed-{name}"))
     hold(r, "c", prompt_request(7, 0, shared_tail=48, request_id="turn-1"))
-    decision = r.route(prompt_request(7, 64, shared_tail=48, request_id="turn-2"), [state("a"), state("b"), state("c")])
+    decision = r.route(
+        prompt_request(7, 64, shared_tail=48, request_id="turn-2"), [state("a"), state("b"), state("c")]
+    ).decision
     assert decision.reason == "no-match"
 
 
@@ -67,7 +69,7 @@ def test_prefix_affinity_scores_the_distinct_part_normalised_across_candidates()
     hold(r, "b", prompt_request(7, 0, shared_tail=160, request_id="half"))
     hold(r, "c", prompt_request(7, 0, shared_tail=320, request_id="whole"))
     ctx_request = prompt_request(7, 64, shared_tail=320, request_id="next")
-    decision = r.route(ctx_request, [state("a"), state("b"), state("c", in_flight=9, prefill_tokens=9000)])
+    decision = r.route(ctx_request, [state("a"), state("b"), state("c", in_flight=9, prefill_tokens=9000)]).decision
     assert decision.ranked == ["c", "b", "a"], "320 beyond the root scores 1, 160 scores 0.5, the root alone 0"
 
 
@@ -88,15 +90,19 @@ def fleet_state() -> list:
 
 
 def test_in_a_large_fleet_a_root_few_replicas_hold_pulls_one_shots_onto_them_by_tokens_alone() -> None:
-    decision = root_held_by_few(min_match_fraction=0.0).route(
-        prompt_request(0, 1400, request_id="one-shot"), fleet_state()
+    decision = (
+        root_held_by_few(min_match_fraction=0.0)
+        .route(prompt_request(0, 1400, request_id="one-shot"), fleet_state())
+        .decision
     )
     assert decision.backend in FLEET[:3] and decision.reason == "prefix-hit", "the behaviour min_match_fraction fixes"
 
 
 def test_with_min_match_fraction_a_root_that_is_a_sliver_of_the_prompt_is_no_match() -> None:
-    decision = root_held_by_few(min_match_fraction=0.1).route(
-        prompt_request(0, 1400, request_id="one-shot"), fleet_state()
+    decision = (
+        root_held_by_few(min_match_fraction=0.1)
+        .route(prompt_request(0, 1400, request_id="one-shot"), fleet_state())
+        .decision
     )
     assert decision.reason == "no-match" and decision.backend not in FLEET[:3], "placed by load: the root spreads"
 
@@ -104,5 +110,5 @@ def test_with_min_match_fraction_a_root_that_is_a_sliver_of_the_prompt_is_no_mat
 def test_with_min_match_fraction_a_conversation_still_goes_to_its_owner() -> None:
     r = root_held_by_few(min_match_fraction=0.1)
     hold(r, "r17", prompt_request(7, 16, shared_tail=320, request_id="turn-1"))
-    decision = r.route(prompt_request(7, 64, shared_tail=320, request_id="turn-2"), fleet_state())
+    decision = r.route(prompt_request(7, 64, shared_tail=320, request_id="turn-2"), fleet_state()).decision
     assert (decision.backend, decision.reason) == ("r17", "prefix-hit"), "448 of 512 tokens cached there"

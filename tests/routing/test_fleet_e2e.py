@@ -65,7 +65,14 @@ class Fleet:
             "listen": {"port": port},
             "model": MODEL,
             "backends": backends,
-            "routing": {"policy": "cache_aware", "decode_wait_s_per_request": 0.05, "ttft_target_s": 10.0},
+            # One running request must cost more than ``placement_slack_s`` (0.1 s), or a new prefix
+            # may tie an idle replica with a loaded one and the load check says nothing.
+            "routing": {
+                "policy": "cache_aware",
+                "decode_wait_s_per_request": 0.2,
+                "placement_slack_s": 0.1,
+                "ttft_target_s": 10.0,
+            },
             "health": {"interval_s": 0.5},
             "observability": {"request_log": False},
         }

@@ -19,7 +19,7 @@ def test_a_device_hit_beats_the_same_hit_in_host_memory() -> None:
     router = precise_router()
     hold(router, "a", 1, on_host=True)
     hold(router, "b", 1, on_host=False)
-    decision = router.route(request(1), [state("a"), state("b"), state("c")])
+    decision = router.route(request(1), [state("a"), state("b"), state("c")]).decision
     assert decision.backend == "b" and decision.predicted_cached_tokens == 960
     assert decision.ranked[-1] == "c"
 
@@ -29,7 +29,7 @@ def test_a_host_hit_beats_a_recompute_and_reports_its_tokens_as_cached() -> None
     hold(router, "a", 1, on_host=True)
     matched = router.tracker.match(request(1).block_hashes)
     assert router.tracker.host_blocks(request(1).block_hashes, matched) == {"a": 60}
-    decision = router.route(request(1), [state("a"), state("c")])
+    decision = router.route(request(1), [state("a"), state("c")]).decision
     assert decision.backend == "a" and decision.reason == "prefix-hit"
     assert decision.predicted_cached_tokens == 960, "cached_tokens counts host hits, as the engine reports them"
 
@@ -43,4 +43,4 @@ def test_the_price_of_a_host_token_is_configurable() -> None:
         assert router.tracker.priced_cached(hashes, matched, {"a": 960}) == {"a": priced}
     expensive = precise_router(host_hit_cost=1.0)
     hold(expensive, "a", 1, on_host=True)
-    assert expensive.route(request(1), [state("a"), state("c")]).reason == "no-match"
+    assert expensive.route(request(1), [state("a"), state("c")]).decision.reason == "no-match"

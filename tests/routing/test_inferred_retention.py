@@ -8,7 +8,7 @@ from gateway.routing.retention_keys import KEY_PREFIX, conversation_key, first_p
 from gateway.routing.router import Router
 from gateway.routing.types import RouteRequest
 from radix.hashing import block_hashes
-from tests.routing.helpers import BLOCK, MODEL, router, state
+from tests.routing.helpers import BLOCK, MODEL, route_and_send, router, state
 
 HASHES = list(range(100, 110))
 IDLE = [state("a"), state("b"), state("c")]
@@ -36,8 +36,7 @@ def converse(r: Router, conversation: int, turns: int) -> list[str | None]:
     keys = []
     for number in range(1, turns + 1):
         request = turn(conversation, number, f"c{conversation}-t{number}")
-        decision = r.route(request, IDLE)
-        r.on_routed(request, decision.backend)
+        decision = route_and_send(r, request, IDLE)
         keys.append(decision.retention_key)
     return keys
 
@@ -81,7 +80,7 @@ def test_conversations_are_named_past_the_system_prompt_once_two_have_parted_the
 def test_a_client_session_key_wins_and_the_router_infers_none() -> None:
     r = router()
     converse(r, 1, 1)
-    decision = r.route(turn(1, 2, "keyed", session_key="user-7"), IDLE)
+    decision = r.route(turn(1, 2, "keyed", session_key="user-7"), IDLE).decision
     assert decision.reason == "prefix-hit" and decision.retention_key is None
 
 
@@ -93,9 +92,9 @@ def test_off_in_config_or_for_a_policy_without_prefix_hits(setting: dict[str, ob
 def test_a_load_spill_carries_no_key() -> None:
     r = router(ttft_target_s=0.1)
     converse(r, 1, 1)
-    owner = r.route(turn(1, 2, "probe"), IDLE).backend
+    owner = r.route(turn(1, 2, "probe"), IDLE).decision.backend
     busy = [state(name, in_flight=4, prefill_tokens=20_000) if name == owner else state(name) for name in "abc"]
-    decision = r.route(turn(1, 2, "spilled"), busy)
+    decision = r.route(turn(1, 2, "spilled"), busy).decision
     assert decision.reason == "load-spill" and decision.retention_key is None
 
 
@@ -108,5 +107,5 @@ def test_a_regenerated_turn_does_not_rename_the_conversation() -> None:
     key = converse(r, 1, 2)[1]
     for attempt in range(2):
         again = turn(1, 2, f"regenerated-{attempt}")
-        r.on_routed(again, r.route(again, IDLE).backend)
-    assert key is not None and r.route(turn(1, 3, "turn-3"), IDLE).retention_key == key
+        route_and_send(r, again, IDLE)
+    assert key is not None and r.route(turn(1, 3, "turn-3"), IDLE).decision.retention_key == key

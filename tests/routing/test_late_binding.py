@@ -9,7 +9,7 @@ import pytest
 from gateway.admission.held import HeldRequests
 from gateway.routing.late_binding import HoldLine
 from gateway.routing.types import Hold
-from tests.routing.helpers import request, router, state, warm
+from tests.routing.helpers import request, route_and_send, router, state, warm
 
 FAST = 10_000.0
 """Prefill tokens/s: an idle replica computes the 1,024-token prompt in 0.1 s."""
@@ -24,7 +24,7 @@ def swamped_owner(owner_prefill_tokens: int = 6000) -> list:
 def test_a_load_spill_is_held_for_its_owner_when_late_binding_is_on() -> None:
     r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding=LATE)
     warm(r, "b", prefix=1)
-    decision = r.route(request(1), swamped_owner())
+    decision = r.route(request(1), swamped_owner()).decision
     assert (decision.backend, decision.reason) == ("a", "load-spill"), "the decision it would take unheld"
     assert decision.hold == Hold("b", 1024 - 960), "b's ~0.61 s is 0.51 s above a's ~0.10 s: within 1 s"
 
@@ -32,27 +32,27 @@ def test_a_load_spill_is_held_for_its_owner_when_late_binding_is_on() -> None:
 def test_without_late_binding_or_when_told_not_to_the_spill_stands() -> None:
     off = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5)
     warm(off, "b", prefix=1)
-    assert off.route(request(1), swamped_owner()).hold is None
+    assert off.route(request(1), swamped_owner()).decision.hold is None
     on = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding=LATE)
     warm(on, "b", prefix=1)
-    assert on.route(request(1), swamped_owner(), may_hold=False).hold is None, "a request whose wait is up"
+    assert on.route(request(1), swamped_owner(), may_hold=False).decision.hold is None, "a request whose wait is up"
 
 
 def test_an_owner_more_than_max_wait_slower_than_the_spill_is_not_waited_for() -> None:
     r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding={"enabled": True, "max_wait_s": 0.75})
     warm(r, "b", prefix=1)
-    near = r.route(request(1), swamped_owner(8000))
+    near = r.route(request(1), swamped_owner(8000)).decision
     assert near.hold is not None, "b ~0.81 s, 0.71 s above a's ~0.10 s"
-    far = r.route(request(1), swamped_owner(12_000))
+    far = r.route(request(1), swamped_owner(12_000)).decision
     assert (far.backend, far.hold) == ("a", None), "b ~1.21 s, 1.11 s above a's: spill at once"
 
 
 def test_no_hold_where_there_is_no_spill() -> None:
     r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding=LATE)
     warm(r, "b", prefix=1)
-    owner_in_time = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=3000), state("c")])
+    owner_in_time = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=3000), state("c")]).decision
     assert (owner_in_time.backend, owner_in_time.hold) == ("b", None)
-    one_shot = r.route(request(2), swamped_owner())
+    one_shot = r.route(request(2), swamped_owner()).decision
     assert (one_shot.reason, one_shot.hold) == ("no-match", None)
 
 
@@ -62,8 +62,8 @@ def test_a_shared_prefix_moved_off_its_owner_is_not_held() -> None:
     warm(r, "b", prefix=1)
     for i in range(2):  # two siblings: a count of just under 2 once it has faded a little
         sibling = request(1, request_id=f"sibling-{i}")
-        r.on_routed(sibling, r.route(sibling, [state("a"), state("b"), state("c")]).backend)
-    decision = r.route(request(1), swamped_owner())
+        route_and_send(r, sibling, [state("a"), state("b"), state("c")])
+    decision = r.route(request(1), swamped_owner()).decision
     assert (decision.backend, decision.reason, decision.hold) == ("a", "load-spill", None)
 
 

@@ -26,7 +26,7 @@ def test_the_config_accepts_exactly_the_registered_names() -> None:
 @pytest.mark.parametrize("policy", list(POLICY_REGISTRY))
 def test_every_policy_uses_declared_scorers_and_names_a_route_reason(policy: str) -> None:
     assert set(POLICY_REGISTRY[policy].weights) <= set(SCORER_REGISTRY)
-    decision = router(policy).route(request(1, session_key="s"), IDLE)
+    decision = router(policy).route(request(1, session_key="s"), IDLE).decision
     assert isinstance(decision.reason, RouteReason)
 
 

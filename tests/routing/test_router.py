@@ -22,8 +22,8 @@ def test_predicted_mode_models_each_replicas_lru_capacity() -> None:
     for prefix in range(3):
         warm(r, "a", prefix)
     assert r.tracker.index.blocks("a") <= 128
-    assert r.route(request(0), [state("a"), state("b")]).reason == "no-match", "prefix 0 was evicted from a"
-    assert r.route(request(2), [state("a"), state("b")]).predicted_cached_tokens == 960
+    assert r.route(request(0), [state("a"), state("b")]).decision.reason == "no-match", "prefix 0 was evicted from a"
+    assert r.route(request(2), [state("a"), state("b")]).decision.predicted_cached_tokens == 960
     unsized = [ReplicaSpec("a", MODEL, None, None), ReplicaSpec("b", MODEL, None, None)]
     r.update(RoutingConfig(default_capacity_blocks=64), unsized)
     assert r.tracker.index.blocks("a") <= 64 and r.tracker.index.blocks("b") == 0
@@ -34,9 +34,9 @@ def test_calibration_compares_prediction_with_reported_cached_tokens() -> None:
     warm(r, "a", prefix=1)
     first, second = request(1, request_id="x"), request(1, request_id="y")
     for req, reported in ((first, 960), (second, 640)):
-        decision = r.route(req, IDLE)
-        r.on_routed(req, decision.backend)
-        r.on_finished(req, decision.backend, reported, ok=True)
+        ticket = r.route(req, IDLE)
+        r.on_routed(ticket, ticket.decision.backend)
+        r.on_finished(ticket, reported, ok=True)
     assert r.stats().calibration == CalibrationStats(
         count=2, exact_fraction=0.5, mean_abs_error_tokens=160.0, mean_error_tokens=160.0
     )
@@ -46,10 +46,10 @@ def test_a_failed_request_takes_back_only_the_blocks_it_added() -> None:
     r = router()
     warm(r, "a", prefix=1)
     longer = request(1, prompt_tokens=2048, request_id="long")
-    decision = r.route(longer, IDLE)
-    r.on_routed(longer, decision.backend)
+    ticket = r.route(longer, IDLE)
+    r.on_routed(ticket, ticket.decision.backend)
     assert r.tracker.index.match(longer.block_hashes) == {"a": 128}
-    r.on_finished(longer, decision.backend, None, ok=False)
+    r.on_finished(ticket, None, ok=False)
     assert r.tracker.index.match(longer.block_hashes) == {"a": 60}
 
 
@@ -63,7 +63,7 @@ def test_hot_reload_changes_policy_and_replicas() -> None:
     assert set(r.stats().index.per_replica) == {"b", "c", "d"}
     assert r.tracker.index.match(request(1).block_hashes) == {}, "a's blocks left with a"
     assert r.tracker.index.match(request(2).block_hashes) == {"b": 60}
-    assert r.route(request(2), [state("b"), state("c"), state("d")]).reason == "round-robin"
+    assert r.route(request(2), [state("b"), state("c"), state("d")]).decision.reason == "round-robin"
 
 
 def test_stats_report_index_size() -> None:
@@ -105,7 +105,7 @@ async def test_precise_mode_routes_on_published_kv_events() -> None:
             publisher.send_multipart(frames("kv-events", sequence, EventBatch(0.0, [stored])))
             sequence += 1
             await asyncio.sleep(0.02)
-        decision = r.route(req, [state("a"), state("b")])
+        decision = r.route(req, [state("a"), state("b")]).decision
         assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("b", "prefix-hit", 800)
         assert r.stats().index.per_replica["b"].mode == "precise"
     finally:

@@ -9,7 +9,7 @@ from gateway.routing.router import ReplicaSpec, Router
 from gateway.routing.session_footprint import SessionFootprints
 from gateway.routing.types import RouteRequest
 from radix.hashing import block_hashes
-from tests.routing.helpers import BLOCK, MODEL, request, state, warm
+from tests.routing.helpers import BLOCK, MODEL, request, route_and_send, state, warm
 
 CAPACITY = 200
 """KV blocks per replica. Each conversation below is 100 blocks: the 60-block system prompt and 40
@@ -40,8 +40,7 @@ def open_conversations(r: Router, count: int, first: int = 0, keyed: bool = True
     backends = []
     for number in range(first, first + count):
         turn = request(1, PROMPT, f"user-{number}", session_key=f"user-{number}" if keyed else None)
-        decision = r.route(turn, IDLE)
-        r.on_routed(turn, decision.backend)
+        decision = route_and_send(r, turn, IDLE)
         backends.append(decision.backend)
     return backends
 
@@ -82,9 +81,9 @@ def test_a_conversation_s_next_turn_adds_only_its_new_blocks() -> None:
     assert open_conversations(r, 4) == ["a"] * 4
     tokens = request(1, PROMPT, "user-3").token_ids + list(range(640))
     second = RouteRequest("user-3-t2", MODEL, block_hashes(tokens, BLOCK, MODEL), len(tokens), 32, "user-3")
-    decision = r.route(second, IDLE)
-    assert (decision.backend, decision.predicted_cached_tokens) == ("a", PROMPT)
-    r.on_routed(second, "a")
+    ticket = r.route(second, IDLE)
+    assert (ticket.decision.backend, ticket.decision.predicted_cached_tokens) == ("a", PROMPT)
+    r.on_routed(ticket, "a")
     assert open_conversations(r, 1, first=4) == ["a"]
 
 
@@ -136,10 +135,8 @@ def test_among_tied_replicas_a_new_conversation_goes_where_fewest_sessions_are(f
     warm(r, "b", prefix=1)
     for number in range(3):
         turn = request(1, PROMPT, f"user-{number}", session_key=f"user-{number}")
-        r.route(turn, IDLE)
-        r.on_routed(turn, "b")
+        route_and_send(r, turn, IDLE, backend="b")
     one_shot = request(2, 4 * PROMPT, "one-shot")
-    r.route(one_shot, IDLE)
-    r.on_routed(one_shot, "a")
-    decision = r.route(request(1, PROMPT, "user-9", session_key="user-9"), IDLE)
+    route_and_send(r, one_shot, IDLE, backend="a")
+    decision = r.route(request(1, PROMPT, "user-9", session_key="user-9"), IDLE).decision
     assert (decision.backend, decision.reason) == (expected, "no-match")

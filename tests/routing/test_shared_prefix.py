@@ -5,7 +5,7 @@ owner until the owner breaks the target by more than the recompute."""
 
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
-from tests.routing.helpers import BLOCK, MODEL, request, state, warm
+from tests.routing.helpers import BLOCK, MODEL, request, route_and_send, state, warm
 
 IDLE = [state("a"), state("b"), state("c")]
 BUSY_OWNER = [state("a"), state("b", in_flight=2, prefill_tokens=3000), state("c")]
@@ -29,16 +29,16 @@ def send(router_: Router, count: int, prefix: int = 1, tag: str = "") -> None:
     """Route and dispatch ``count`` requests on ``prefix`` to idle replicas (they go to its owner)."""
     for i in range(count):
         req = request(prefix, request_id=f"sent-{prefix}-{tag}{i}")
-        router_.on_routed(req, router_.route(req, IDLE).backend)
+        route_and_send(router_, req, IDLE)
 
 
 def test_a_private_follow_up_waits_for_its_busy_owner_a_shared_prefix_moves() -> None:
     clock = Clock()
     r = router_with_clock(clock)
     warm(r, "b", prefix=1)
-    assert r.route(request(1, request_id="turn-2"), BUSY_OWNER).backend == "b"
+    assert r.route(request(1, request_id="turn-2"), BUSY_OWNER).decision.backend == "b"
     send(r, 8)
-    decision = r.route(request(1, request_id="ninth"), BUSY_OWNER)
+    decision = r.route(request(1, request_id="ninth"), BUSY_OWNER).decision
     assert (decision.backend, decision.reason) == ("a", "load-spill"), "a ~1.6 s against b's ~4.7 s"
 
 
@@ -48,7 +48,7 @@ def test_a_shared_prefix_still_goes_to_its_holder_when_that_is_fastest() -> None
     warm(r, "b", prefix=1)
     send(r, 8)
     slightly_busy = [state("a"), state("b", in_flight=1, prefill_tokens=500), state("c")]
-    assert r.route(request(1, request_id="ninth"), slightly_busy).backend == "b", "b ~0.87 s, cache credited"
+    assert r.route(request(1, request_id="ninth"), slightly_busy).decision.backend == "b", "b ~0.87 s, cache credited"
 
 
 def test_the_count_fades_and_the_prefix_is_private_again() -> None:
@@ -57,7 +57,7 @@ def test_the_count_fades_and_the_prefix_is_private_again() -> None:
     warm(r, "b", prefix=1)
     send(r, 8)
     clock.now = 30.0
-    assert r.route(request(1, request_id="later"), BUSY_OWNER).backend == "b", "8/e^3 < 8 requests"
+    assert r.route(request(1, request_id="later"), BUSY_OWNER).decision.backend == "b", "8/e^3 < 8 requests"
 
 
 def test_only_dispatched_requests_count() -> None:
@@ -67,7 +67,7 @@ def test_only_dispatched_requests_count() -> None:
     warm(r, "b", prefix=1)
     for _ in range(20):
         r.route(request(1, request_id="same"), IDLE)
-    assert r.route(request(1, request_id="same"), BUSY_OWNER).backend == "b"
+    assert r.route(request(1, request_id="same"), BUSY_OWNER).decision.backend == "b"
 
 
 def test_other_prefixes_do_not_make_a_prefix_shared() -> None:
@@ -77,7 +77,7 @@ def test_other_prefixes_do_not_make_a_prefix_shared() -> None:
     for prefix in range(2, 12):
         warm(r, "c", prefix=prefix)
         send(r, 1, prefix=prefix)
-    assert r.route(request(1, request_id="turn-2"), BUSY_OWNER).backend == "b"
+    assert r.route(request(1, request_id="turn-2"), BUSY_OWNER).decision.backend == "b"
 
 
 def test_the_threshold_is_configurable() -> None:
@@ -85,6 +85,6 @@ def test_the_threshold_is_configurable() -> None:
     r = router_with_clock(clock, shared_prefix_requests=2)
     warm(r, "b", prefix=1)
     send(r, 1)
-    assert r.route(request(1, request_id="second"), BUSY_OWNER).backend == "b"
+    assert r.route(request(1, request_id="second"), BUSY_OWNER).decision.backend == "b"
     send(r, 1, tag="again")
-    assert r.route(request(1, request_id="third"), BUSY_OWNER).backend == "a"
+    assert r.route(request(1, request_id="third"), BUSY_OWNER).decision.backend == "a"

@@ -1,0 +1,48 @@
+"""Where a picked request goes: the dispatcher's placement rule, within the data plane's subset hint.
+
+The rule is ``Dispatcher._place``'s (gateway/dispatch.py): among the usable replicas of the model
+(and adapter) with a free slot, the router ranks; the first that has room for the request's KV
+blocks is the placement, else the admission queue waits for room. Two differences, both from the
+protocol: only replicas in the subset hint are eligible (none: 503, GIE's
+docs/proposals/004-endpoint-picker-protocol/README.md), and late binding never holds a request,
+since the picker answers Envoy once and cannot re-route a request it has already handed over.
+"""
+
+from urllib.parse import urlsplit
+
+from gateway.admission.kv_blocks import blocks_needed
+from gateway.backends.pool import Backend
+from gateway.dispatch import Placement
+from gateway.epp.core import RoutingCore
+from gateway.errors import service_unavailable
+from gateway.routing.types import RouteRequest
+
+
+def address(backend: Backend) -> str:
+    """The replica as the data plane names it: ``host:port`` of its URL."""
+    return urlsplit(backend.spec.url).netloc
+
+
+def place(core: RoutingCore, request: RouteRequest, subset: frozenset[str] | None) -> Placement | None:
+    """A replica with a free slot and room for the request's KV blocks; None when all are full.
+
+    503 when no replica of the model is usable, or none of the subset is."""
+    usable = [
+        backend
+        for backend in core.pool.usable(request.model)
+        if backend.serves_adapter(request.adapter) and (subset is None or address(backend) in subset)
+    ]
+    if not usable:
+        where = f" among the {len(subset)} endpoints of the subset hint" if subset is not None else ""
+        serving = f"adapter '{request.adapter}' of '{request.model}'" if request.adapter else f"'{request.model}'"
+        raise service_unavailable(f"No healthy replica of {serving} is available{where}.", retry_after_s=1)
+    candidates = [backend for backend in usable if backend.has_room]
+    while candidates:
+        ticket = core.router.route(request, [backend.state() for backend in candidates], may_hold=False)
+        backend = core.pool.backends[ticket.decision.backend]
+        uncached = request.prompt_tokens - ticket.decision.predicted_cached_tokens
+        kv_blocks = blocks_needed(uncached, request.max_tokens, core.config.block_size)
+        if backend.fits(kv_blocks):
+            return Placement(backend, ticket, uncached, kv_blocks)
+        candidates.remove(backend)
+    return None
