@@ -24,12 +24,12 @@ from gateway.admission.kv_blocks import check_fits_some_replica
 from gateway.admission.limiter import TokenCharge
 from gateway.backends.proxy import UpstreamOutcome
 from gateway.dispatch import Dispatched, Placement, decision_headers, tokens_used
-from gateway.epp.core import RoutingCore
 from gateway.epp.placement import address, place
 from gateway.epp.request_path import PreparedRequest, endpoint_of, prepare
 from gateway.errors import OpenAIError
 from gateway.gateway_request import GatewayRequest
 from gateway.routing.retention_keys import retention_hint
+from gateway.routing_core import RoutingCore
 
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 

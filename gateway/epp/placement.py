@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 from gateway.admission.kv_blocks import blocks_needed
 from gateway.backends.pool import Backend
 from gateway.dispatch import Placement
-from gateway.epp.core import RoutingCore
 from gateway.errors import service_unavailable
 from gateway.routing.types import RouteRequest
+from gateway.routing_core import RoutingCore
 
 
 def address(backend: Backend) -> str:

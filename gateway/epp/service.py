@@ -8,9 +8,9 @@ from typing import Any
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorServicer
 
-from gateway.epp.core import RoutingCore
 from gateway.epp.stream import ExtProcStream
 from gateway.errors import OpenAIError
+from gateway.routing_core import RoutingCore
 
 log = logging.getLogger("kvgate.epp")
 

@@ -28,11 +28,11 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, 
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.epp import wire
-from gateway.epp.core import RoutingCore
 from gateway.epp.envoy_messages import header_map, served_endpoint, subset_hint
 from gateway.epp.pick import Pick, client_request_id, pick
 from gateway.epp.usage_reader import UsageReader
 from gateway.errors import OpenAIError
+from gateway.routing_core import RoutingCore
 
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 PICKING_MODES = (ProcessingMode.BUFFERED, ProcessingMode.BUFFERED_PARTIAL, FULL_DUPLEX)

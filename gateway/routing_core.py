@@ -1,7 +1,8 @@
-"""The parts of the gateway the picker reads, as a protocol: ``gateway.state.Gateway`` is one.
+"""The parts of the gateway a request's path reads, as a protocol: ``gateway.state.Gateway`` is one.
 
-Only ``gateway/epp/server.py`` (the picker's composition root) builds the Gateway; every other
-module of the picker is handed it through this type, as the layering asks (tests/test_layers.py).
+Only the app factories (``gateway/app.py``, the picker's ``gateway/epp/server.py``) build the
+Gateway; ``gateway/request_path.py`` and the picker's modules are handed it through this type, as
+the layering asks (tests/test_layers.py).
 """
 
 from typing import Protocol
