@@ -8,20 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.admission.config import TenantConfig
 from gateway.admission.parent_limiter import ParentLimiter
 from gateway.admission.parent_wire import frame
 from gateway.admission.tenants import Tenant, TenantRegistry
-from gateway.errors import OpenAIError
 from gateway.workers.limit_server import LimitServer
 from gateway.workers.shared_counts import SharedCounts
-
-TENANTS = [
-    TenantConfig(name="capped", api_keys=["k1"], max_concurrency=2),
-    TenantConfig(name="metered", api_keys=["k2"], tokens_per_minute=100),
-    TenantConfig(name="paced", api_keys=["k3"], requests_per_minute=3, tokens_per_minute=1000),
-    TenantConfig(name="open", api_keys=["k4"]),
-]
+from tests.admission.limiter_contract import (
+    TENANTS,
+    check_budgets_are_shared_and_unused_tokens_go_back,
+    check_concurrency_cap_is_shared,
+    refused,
+)
 
 
 class Host:
@@ -51,13 +48,6 @@ async def host(tmp_path: Path) -> AsyncIterator[Host]:
     await running.stop()
 
 
-async def refused(tenant: Tenant, tokens: int = 1) -> OpenAIError:
-    with pytest.raises(OpenAIError) as error:
-        async with tenant.admit(tokens):
-            pass
-    return error.value
-
-
 async def until(condition: object, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():  # type: ignore[operator]
@@ -67,31 +57,13 @@ async def until(condition: object, timeout_s: float = 10.0) -> None:
 
 async def test_a_concurrency_cap_holds_across_workers(host: Host) -> None:
     a, b = await host.worker(), await host.worker()
-    async with a["capped"].admit(1), b["capped"].admit(1):
-        error = await refused(a["capped"])
-        assert error.status == 429 and error.code == "concurrency_limit_exceeded" and "2 requests" in error.message
-        assert (await refused(b["capped"])).code == "concurrency_limit_exceeded"
-        assert a["capped"].usage.in_flight == 1 and host.server.counts.in_flight == {"capped": 2}
-    async with b["capped"].admit(1), a["capped"].admit(1):
-        pass
+    await check_concurrency_cap_is_shared(a, b, lambda: host.server.counts.in_flight == {"capped": 2})
     await until(lambda: host.server.counts.leases == 0)
 
 
 async def test_token_and_request_budgets_are_shared_and_unused_tokens_go_back(host: Host) -> None:
     a, b = await host.worker(), await host.worker()
-    async with a["metered"].admit(80) as charge:
-        charge.used = 30
-    async with b["metered"].admit(60) as charge:
-        charge.used = 60
-    error = await refused(a["metered"], 60)
-    assert error.code == "tokens_per_minute_exceeded" and int(error.headers["Retry-After"]) >= 1
-    for tenants in (a, b, a):
-        async with tenants["paced"].admit(100):
-            pass
-    error = await refused(b["paced"], 100)
-    assert error.code == "requests_per_minute_exceeded" and 1 <= int(error.headers["Retry-After"]) <= 20
-    async with a["open"].admit(10**9):
-        pass
+    await check_budgets_are_shared_and_unused_tokens_go_back(a, b)
     assert host.server.counts.in_flight == {}
 
 

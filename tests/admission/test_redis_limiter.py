@@ -20,14 +20,17 @@ from gateway.admission.tenants import Tenant, TenantRegistry
 from gateway.config import ConfigError, parse_config
 from gateway.errors import OpenAIError
 from gateway.state import tenant_limiter
+from tests.admission.limiter_contract import TENANTS as SHARED_TENANTS
+from tests.admission.limiter_contract import (
+    check_budgets_are_shared_and_unused_tokens_go_back,
+    check_concurrency_cap_is_shared,
+    refused,
+)
 from tests.procs import free_port
 from tests.redis_server import RedisServer, redis_server
 
 TENANTS = [
-    TenantConfig(name="capped", api_keys=["k1"], max_concurrency=2),
-    TenantConfig(name="metered", api_keys=["k2"], tokens_per_minute=100),
-    TenantConfig(name="paced", api_keys=["k3"], requests_per_minute=3, tokens_per_minute=1000),
-    TenantConfig(name="open", api_keys=["k4"]),
+    *SHARED_TENANTS,
     TenantConfig(name="both", api_keys=["k5"], max_concurrency=1, tokens_per_minute=100),
 ]
 
@@ -63,40 +66,15 @@ async def gateways(server: RedisServer) -> AsyncIterator[Gateways]:
     await fleet.stop()
 
 
-async def refused(tenant: Tenant, tokens: int = 1) -> OpenAIError:
-    with pytest.raises(OpenAIError) as error:
-        async with tenant.admit(tokens):
-            pass
-    return error.value
-
-
 async def test_a_concurrency_cap_holds_across_gateways(gateways: Gateways) -> None:
     a, b = await gateways.start(), await gateways.start()
-    async with a["capped"].admit(1), b["capped"].admit(1):
-        error = await refused(a["capped"])
-        assert error.status == 429 and error.code == "concurrency_limit_exceeded" and "2 requests" in error.message
-        assert (await refused(b["capped"])).code == "concurrency_limit_exceeded"
-        assert a["capped"].usage.in_flight == 1 and gateways.limiters[0].leases == 1
-    async with b["capped"].admit(1), a["capped"].admit(1):
-        pass
+    await check_concurrency_cap_is_shared(a, b, lambda: gateways.limiters[0].leases == 1)
     assert gateways.limiters[0].leases == 0 and await gateways.limiters[1].in_flight("capped") == 0
 
 
 async def test_token_and_request_budgets_are_global_and_unused_tokens_go_back(gateways: Gateways) -> None:
     a, b = await gateways.start(), await gateways.start()
-    async with a["metered"].admit(80) as charge:
-        charge.used = 30
-    async with b["metered"].admit(60) as charge:
-        charge.used = 60
-    error = await refused(a["metered"], 60)
-    assert error.code == "tokens_per_minute_exceeded" and int(error.headers["Retry-After"]) >= 1
-    for tenants in (a, b, a):
-        async with tenants["paced"].admit(100):
-            pass
-    error = await refused(b["paced"], 100)
-    assert error.code == "requests_per_minute_exceeded" and 1 <= int(error.headers["Retry-After"]) <= 20
-    async with a["open"].admit(10**9):
-        pass
+    await check_budgets_are_shared_and_unused_tokens_go_back(a, b)
 
 
 async def test_tokens_used_past_the_charge_are_taken_too(gateways: Gateways) -> None:
