@@ -24,8 +24,9 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
+# --durations: the slowest tests, printed at the end of every run (CI's time budget is 10 minutes).
 test: install lint browser redis dnsmasq
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
 test-fast: install

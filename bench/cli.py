@@ -34,6 +34,8 @@ RUN_SUMMARY = "kvgate's policies against direct round robin and peers on one wor
 
 DELEGATED: dict[str, tuple[str, str]] = {
     "simulate": ("bench.simulate_cli", "the same comparison in virtual time, in one process"),
+    "simulate-pd": ("bench.sim_pd_cli", "aggregated against P/D fleets (always, conditional, peers) in virtual time"),
+    "pd-itl": ("bench.pd_itl", "short requests' decode ITL while long prompts arrive: aggregated vs P/D, CPU"),
     "overhead": ("bench.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
     "epp-latency": ("bench.epp_latency", "added latency and picks/s of `kvgate epp` beside the HTTP gateway's"),
     "overhead-ab": ("bench.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),

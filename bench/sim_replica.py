@@ -34,6 +34,9 @@ class SimRequest:
     on_finished: Callable[["SimRequest", float], None]
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
+    hold_prompt_blocks: bool = False
+    pinned: list[int] = field(default_factory=list)
+    """A prefill leg's full prompt blocks, pinned at its end for the decode side's pull."""
 
 
 class SimReplica:
@@ -75,13 +78,63 @@ class SimReplica:
         on_first_token: Callable[[float], None],
         on_finished: Callable[[SimRequest, float], None],
         session: str | None = None,
+        hold_prompt_blocks: bool = False,
     ) -> None:
-        """``session`` is the request's retention hint (``kvgate_session``)."""
+        """``session`` is the request's retention hint (``kvgate_session``); ``hold_prompt_blocks``:
+        a prefill leg, whose full prompt blocks stay pinned for the decode side's pull after it
+        finishes (``SimRequest.pinned``; ``unpin`` them)."""
+        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, queue=True)
+        self._requests[seq.seq_id].hold_prompt_blocks = hold_prompt_blocks
+
+    def _add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        now: float,
+        on_first_token: Callable[[float], None],
+        on_finished: Callable[[SimRequest, float], None],
+        session: str | None,
+        queue: bool,
+    ) -> Sequence:
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         seq = Sequence(self._next_seq_id, list(prompt), sampling, self.max_model_len, arrival_time=now, session=session)
         self._next_seq_id += 1
         self._requests[seq.seq_id] = SimRequest(seq, now, on_first_token, on_finished)
+        if queue:
+            self.scheduler.add(seq)
+        return seq
+
+    def prefix_hit_blocks(self, prompt: list[int]) -> int:
+        """Leading full blocks of ``prompt`` cached here: what a decode side need not pull."""
+        probe = Sequence(-1, list(prompt), SamplingParams(max_tokens=1), self.max_model_len)
+        return self.block_manager.num_prefix_hit_blocks(probe)
+
+    def add_pulled(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        now: float,
+        first: int,
+        count: int,
+        on_first_token: Callable[[float], None],
+        on_finished: Callable[[SimRequest, float], None],
+        session: str | None = None,
+    ) -> None:
+        """The decode side of a split once the pulled blocks ``first .. first + count`` arrive, as
+        the bundled connector does it in one engine step: cache them under the prompt's hashes
+        (``install_remote``), queue the sequence, drop the install's references; the queued
+        sequence then hits them through the normal prefix path."""
+        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, queue=False)
+        manager = self.block_manager
+        manager.want_prefix(seq)
+        taken = manager.install_remote(seq, first, count)
+        manager.release_wants(seq)
         self.scheduler.add(seq)
+        manager.unpin([block_id for _, block_id in taken])
+
+    def unpin(self, block_ids: list[int]) -> None:
+        """A prefill leg's held blocks were pulled (or given up): they may be evicted again."""
+        self.block_manager.unpin(block_ids)
 
     def start_step(self, now: float) -> float | None:
         """Schedule the next step if there is work; its end time, or None (idle or stalled)."""
@@ -127,6 +180,9 @@ class SimReplica:
             request.on_first_token(now)
         request.token_times_s.append(now)
         if seq.finish_reason is not None:
+            if request.hold_prompt_blocks:
+                request.pinned = seq.block_table[: (seq.num_prompt_tokens - 1) // self.block_size]
+                self.block_manager.pin(request.pinned)
             del self._requests[seq.seq_id]
             self.scheduler.finish(seq)
             self.served += 1

@@ -440,7 +440,7 @@ class VirtualFleet:
             backend = next(self._round_robin)
             decision = RouteDecision(backend.replica.name, "direct", 0, [backend.replica.name])
             return decision, None, route.prompt_tokens, kv_blocks
-        candidates = list(self.backends)
+        candidates = self._route_candidates()
         while candidates:
             ticket = self.router.route(route, [backend.state() for backend in candidates], may_hold)
             decision = ticket.decision
@@ -451,6 +451,10 @@ class VirtualFleet:
                 return decision, ticket, uncached, kv_blocks
             candidates.remove(backend)
         return None, None, 0, 0
+
+    def _route_candidates(self) -> list[_Backend]:
+        """Replicas a request may be placed on (a P/D fleet, bench/sim_pd.py: those that decode)."""
+        return list(self.backends)
 
     def _pump_admission(self) -> None:
         """Place queued requests, oldest first, while they fit."""

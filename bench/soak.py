@@ -7,6 +7,9 @@ client sends its next request when the last one ends, a mix of long-system-promp
 so KV events (stores and evictions) flow all the time. Besides the gateway's own lag metric it
 measures, from the client side, the longest stretch in which no request completed.
 
+``--gateway-cpus 0`` runs the gateway alone on CPU 0 and everything else on the others, so the
+lag measured is the gateway's own, not the clients' and replicas' competing for the same cores.
+
 ``--hostile-clients N`` adds N clients that send only hostile requests (bench/hostile_bodies.py:
 combining-mark runs, megabytes for the volatile-span regex, flat JSON of millions of values,
 hundreds of thousands of keys, logit_bias entries or stop strings, 8 MB of messages), with
@@ -15,6 +18,7 @@ volatile spans switched on; their answers are tallied apart.
 
 import argparse
 import asyncio
+import os
 import random
 import re
 import time
@@ -183,6 +187,15 @@ def start_replicas(fleet: FleetSpec, workdir: Path, stack: ExitStack) -> list[tu
     return started
 
 
+def cpu_list(text: str) -> set[int]:
+    """``0`` or ``0,2``: CPUs this host has, leaving at least one for the rest."""
+    cpus = {int(part) for part in text.split(",")}
+    available = os.sched_getaffinity(0)
+    if not cpus <= available or cpus == available:
+        raise argparse.ArgumentTypeError(f"choose some, not all, of the CPUs {sorted(available)}")
+    return cpus
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvgate bench soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -190,8 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV blocks per replica (small: evictions)")
     parser.add_argument("--hostile-clients", type=int, default=0, help="clients sending only hostile requests")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "soak")
+    parser.add_argument(
+        "--gateway-cpus",
+        type=cpu_list,
+        help="pin the gateway to these CPUs (e.g. 0) and the replicas and clients to the others, "
+        "as in production where they run on other hosts (default: all share every CPU)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.gateway_cpus:
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - args.gateway_cpus)
     chats = chat_bodies(ChatTokenizer.load(MODEL), 64, 1800)
     fleet = FleetSpec(REPLICAS, args.num_blocks, engine_args=("--sim-preset", "instant"))
     with ExitStack() as stack:
@@ -205,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         config["health"] = {"interval_s": 1.0}
         config_path = args.out / "kvgate.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        gateway = launch(kvgate_command("gateway", "-c", str(config_path)), port, args.out / "kvgate.log")
+        command = kvgate_command("gateway", "-c", str(config_path))
+        if args.gateway_cpus:
+            command = ["taskset", "-c", ",".join(map(str, sorted(args.gateway_cpus))), *command]
+        gateway = launch(command, port, args.out / "kvgate.log")
         stack.callback(gateway.stop)
         wait_ready(gateway, lambda: http_ok(f"{gateway.url}/health"))
         events = Events(gateway.url, config_path, config, started[-1][0])

@@ -260,15 +260,66 @@ class BlockManager:
             stale, pushed_out, retained = self.retention.record_turn(seq.session, hashes, seq.session_ttl_s)
             self._apply_retention(stale, retained, pushed_out)
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.block_hash is None:
-                    self._empty.append(block_id)
-                else:
-                    self._free_queue(block.block_hash)[block_id] = None
+            self._release(block_id)
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    def pin(self, block_ids: list[int]) -> None:
+        """Keep blocks in use past their sequence (a KV transfer holds them): they stay cached and
+        cannot be evicted until ``unpin``."""
+        for block_id in block_ids:
+            self._take(block_id)
+
+    def unpin(self, block_ids: list[int]) -> None:
+        """Drop the references ``pin`` (or ``install_remote``) took, tail block first, as ``free`` does."""
+        for block_id in reversed(block_ids):
+            self._release(block_id)
+
+    def num_prefix_hit_blocks(self, seq: Sequence) -> int:
+        """How many of the prompt's leading full blocks are cached here (device or host tier)."""
+        return len(self._prefix_hits(seq))
+
+    def install_remote(self, seq: Sequence, first: int, count: int) -> list[tuple[int, int]]:
+        """Take device blocks for the prompt's full blocks ``first .. first + count``, whose KV was
+        computed by another engine, and cache them under the sequence's hashes (BlockStored).
+
+        Returns ``(index in the prompt, block id)`` of each block taken, with a reference held: the
+        caller writes their bytes, queues the sequence, then ``unpin``s them. Blocks already cached
+        on the device are skipped (a host-tier copy gives way to the arriving one). Stops, rather
+        than evict a prefix a queued prompt wants, when no other block is free. Host-tier copies
+        of evicted blocks land in ``transfers``: run them before writing the bytes.
+        """
+        candidates = self._hit_candidates(seq)
+        taken: list[tuple[int, int]] = []
+        for index in range(first, min(first + count, len(candidates))):
+            block_hash = candidates[index]
+            if block_hash in self._cached:
+                continue
+            if not (self._empty or self._evictable or self._retained):
+                break
+            if self.host.discard(block_hash):
+                self.events.append(BlockRemoved([hash_to_bytes(block_hash)], MEDIUM_CPU))
+            block_id = self._take_free()
+            self._set_hash(seq, index, self.blocks[block_id])
+            taken.append((index, block_id))
+        if taken:
+            self._emit_stored(seq, [index for index, _ in taken])
+        return taken
+
+    def uninstall(self, taken: list[tuple[int, int]]) -> None:
+        """Undo ``install_remote`` when the bytes could not be written: forget the blocks' hashes
+        (BlockRemoved) and drop the references it took."""
+        for _, block_id in taken:
+            block = self.blocks[block_id]
+            assert block.block_hash is not None
+            del self._cached[block.block_hash]
+            self.events.append(BlockRemoved([hash_to_bytes(block.block_hash)], MEDIUM_GPU))
+            block.block_hash = None
+            block.token_ids = ()
+            block.parent_hash = None
+            block.lora = None
+            block.cache_salt = None
+        self.unpin([block_id for _, block_id in taken])
 
     def reset_prefix_cache(self) -> None:
         """Forget every hash, in both tiers; blocks in use keep serving their sequences but can no longer be hit."""
@@ -438,6 +489,15 @@ class BlockManager:
                     del queue[block_id]
                     break
         block.ref_count += 1
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.block_hash is None:
+                self._empty.append(block_id)
+            else:
+                self._free_queue(block.block_hash)[block_id] = None
 
     def _free_queue(self, block_hash: BlockHash) -> OrderedDict[int, None]:
         """Where a cached block goes when its last user frees it."""

@@ -12,7 +12,10 @@ from engine.block_manager import BlockManager
 from engine.config import AUTO_DTYPE, DEFAULT_MODEL, DTYPE_CHOICES, MAX_DEFAULT_MODEL_LEN, EngineConfig
 from engine.host_kv_pool import GIB, host_kv_blocks
 from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
+from engine.kv_connector import KvgateConnector
 from engine.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
+from engine.kv_transfer_blocks import BlockIO, SimBlockIO
+from engine.kv_transfer_config import KVTransferConfig, KVTransferConfigError, parse_kv_transfer_config
 from engine.llm_engine import LLMEngine
 from engine.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
 from engine.lora_modules import (
@@ -69,6 +72,13 @@ def fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {text}")
     return value
+
+
+def kv_transfer_config(text: str) -> KVTransferConfig:
+    try:
+        return parse_kv_transfer_config(text)
+    except KVTransferConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def lora_module(text: str) -> LoRAModule:
@@ -202,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         "http://127.0.0.1:4318/v1/traces (needs opentelemetry-exporter-otlp-proto-http; default: off)",
     )
 
+    cache.add_argument(
+        "--kv-transfer-config", type=kv_transfer_config, metavar="JSON",
+        help="vLLM's flag: turn on the KV connector for disaggregated prefill/decode, e.g. '{\"kv_role\": "
+        "\"kv_both\"}'; keys kv_connector (KvgateConnector), kv_role, kv_ip, kv_port, engine_id, "
+        "kv_connector_extra_config {hold_timeout_s, pull_timeout_s, sim_bandwidth_gbs} (docs/engine.md)",
+    )  # fmt: skip
+
     batching = parser.add_argument_group("batching")
     batching.add_argument(
         "--max-num-seqs", type=positive_int, default=64, help="most sequences in one step (default: %(default)s)"
@@ -272,6 +289,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         sim_costs=sim_costs,
         sim_host_bandwidth_gbs=args.sim_host_bandwidth_gbs,
         check_invariants=args.check_invariants,
+        kv_transfer=args.kv_transfer_config,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         log_level=args.log_level,
         lora_modules=tuple(args.lora_modules),
@@ -355,6 +373,11 @@ def build_server(config: EngineConfig) -> EngineServer:
             config.kv_events, config.kv_events_topic, config.kv_events_replay, config.kv_events_buffer_steps
         )
     engine = LLMEngine(runner, scheduler, tokenizer.tokenizer, metrics, publisher, config.check_invariants)
+    connector = None
+    if config.kv_transfer is not None:
+        connector = KvgateConnector(config.kv_transfer, block_io(config, budget, runner), metrics.registry,
+                                    config.served_model_name)  # fmt: skip
+        connector.attach(engine)
     load_publisher = None
     if config.load_events:
         load_publisher = LoadPublisher(config.load_events, engine.load, config.load_events_interval_s)
@@ -368,7 +391,18 @@ def build_server(config: EngineConfig) -> EngineServer:
         load_publisher,
         model_root=config.model,
         lora_modules=config.lora_modules,
+        connector=connector,
     )
+
+
+def block_io(config: EngineConfig, budget: KVBudget, runner: ModelRunner) -> BlockIO:
+    """How the KV connector reads and writes blocks: sized bytes over a bandwidth in ``--sim``, the pool's bytes otherwise."""
+    assert config.kv_transfer is not None
+    if config.sim:
+        return SimBlockIO(budget.bytes_per_token, config.block_size, config.kv_transfer.sim_bandwidth_gbs)
+    from engine.kv_transfer_torch import torch_block_io
+
+    return torch_block_io(runner)
 
 
 def main(argv: list[str]) -> int:

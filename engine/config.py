@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from engine.kv_transfer_config import KVTransferConfig
 from engine.lora_modules import DEFAULT_MAX_LORA_RANK, LoRAModule
 from engine.session_retention import DEFAULT_MAX_SESSION_TTL_S, DEFAULT_SESSION_RETAIN_FRACTION, DEFAULT_SESSION_TTL_S
 from engine.sim_runner import SimCosts
@@ -61,6 +62,8 @@ class EngineConfig:
     sim_host_bandwidth_gbs: float | None = None
     """Simulated mode: host-tier copy bandwidth; None keeps the preset's host_copy_per_token_s."""
     check_invariants: bool = False
+    kv_transfer: KVTransferConfig | None = None
+    """``--kv-transfer-config``: the KV connector for disaggregated prefill/decode; None: off."""
     otlp_traces_endpoint: str | None = None
     """OTLP/HTTP collector URL for the engine's trace spans; None: no export."""
     log_level: str = "INFO"

@@ -24,6 +24,8 @@ from tokenizers import Tokenizer
 from engine.block_manager import BlockManager
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_events import KVEventPublisher, Snapshot
+from engine.kv_transfer_blocks import BlockIO
+from engine.kv_transfer_types import KVHold, RemoteKV
 from engine.lora_modules import LoRARef
 from engine.metrics import EngineMetrics
 from engine.runner_api import ModelRunner, SamplingParams, TokenLogprobs
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 
 _PREFILL_RATE_DECAY = 0.9
 """Weight kept by past steps in the measured prefill rate (an exponential moving average)."""
+_MIN_RATE_PREFILL_TOKENS = 64
+"""Steps that prefill fewer tokens do not count in the rate: their time is the step's fixed cost
+(a forward pass, the batch's decodes), so a stream of warm prompts' short tails (a prefix hit, KV
+pulled from a prefill replica) measured a rate 10-100x too low and routing priced every prefill
+as if it ran at that rate."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class RequestOutput:
     """Set on a sequence's last output (for the engine's trace spans)."""
     stop_reason: str | None = None
     """The stop string that ended the sequence (vLLM's ``stop_reason``); None for EOS, length or a grammar's end."""
+    kv_hold: KVHold | None = None
+    """On a prefill leg's last output: its prompt blocks, pinned for a decode engine to pull."""
 
 
 class EngineError(RuntimeError):
@@ -89,6 +98,8 @@ class _Request:
     last_token_time: float | None = None
     forks: list["_Request"] = field(default_factory=list)
     """Sibling samples (``n > 1``) added once this one's prompt is in the prefix cache."""
+    remote_kv: RemoteKV | None = None
+    """Blocks pulled from a prefill engine, installed when the request is queued."""
 
 
 class LLMEngine:
@@ -123,6 +134,10 @@ class LLMEngine:
         """Set by the load socket, the only reader of announcements."""
         self.on_admitted: Callable[[], None] = lambda: None
         """Called on the engine thread when new requests are queued (the load publisher sends at once)."""
+        self.on_hold: Callable[[list[int], list[bytes]], str] | None = None
+        """Set by the KV connector: registers a finished prefill leg's pinned blocks (ids, hashes), returns the transfer id."""
+        self.kv_io: BlockIO | None = None
+        """Set by the KV connector: writes pulled blocks' bytes into the pool."""
         if publisher is not None:
             publisher.serve_snapshots(self.request_snapshot)
         metrics.track_state(
@@ -158,6 +173,8 @@ class LLMEngine:
         session_ttl_s: float | None = None,
         n: int = 1,
         adapter: LoRARef | None = None,
+        hold_kv: bool = False,
+        remote_kv: RemoteKV | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream the outputs of ``n`` samples of one prompt; closing the iterator early aborts them.
 
@@ -166,6 +183,8 @@ class LLMEngine:
         seeded request gives sample ``i`` the seed ``seed + i``, as vLLM does. ``session`` (the
         request's ``kvgate_session``) asks the block manager to keep this turn's blocks longer
         than one-shot blocks, for ``session_ttl_s`` (None: the engine's default). ``adapter`` runs the samples under that LoRA adapter.
+        ``hold_kv`` (a prefill leg, n 1) pins the prompt's blocks at the end for a decode engine;
+        ``remote_kv`` (a decode leg) installs blocks pulled from a prefill engine before queueing.
         """
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         requests = []
@@ -185,10 +204,12 @@ class LLMEngine:
                 session,
                 adapter=adapter,
                 session_ttl_s=session_ttl_s,
+                hold_kv=hold_kv,
             )
             requests.append(_Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), outputs, index))
         first = requests[0]
         first.forks = requests[1:]
+        first.remote_kv = remote_kv
         self._commands.put(lambda: self._add(first))
         remaining = n
         try:
@@ -241,6 +262,30 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self._commands.put(self.block_manager.reset_prefix_cache)
+
+    def unpin_blocks(self, block_ids: list[int]) -> None:
+        """Free a KV transfer's held blocks (any thread; done on the engine thread)."""
+        self._commands.put(lambda: self.block_manager.unpin(block_ids))
+
+    async def prefix_hit_blocks(
+        self, prompt_token_ids: list[int], cache_salt: str | None, adapter: LoRARef | None
+    ) -> tuple[int, list[bytes]]:
+        """How many leading full blocks of the prompt are cached here now, and the hashes of every
+        block a prefix hit could cover (all full blocks before the last token's), for a KV pull."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[tuple[int, list[bytes]]] = loop.create_future()
+        block_size = self.block_manager.block_size
+
+        def look() -> None:
+            seq = Sequence(
+                -1, prompt_token_ids, SamplingParams(), len(prompt_token_ids) + 1, cache_salt, adapter=adapter
+            )
+            held = self.block_manager.num_prefix_hit_blocks(seq)
+            candidates = seq.block_hashes[: (len(prompt_token_ids) - 1) // block_size]
+            loop.call_soon_threadsafe(_settle, result, (held, [hash_to_bytes(h) for h in candidates]), None)
+
+        self._commands.put(look)
+        return await result
 
     def request_snapshot(self) -> "Future[Snapshot]":
         """Every block cached now, as events, with the sequence number of the last batch they follow.
@@ -355,9 +400,48 @@ class LLMEngine:
 
     def _add(self, request: _Request) -> None:
         self._requests[request.seq.seq_id] = request
-        self.scheduler.add(request.seq)
+        if request.remote_kv is not None:
+            self._add_with_remote_kv(request.seq, request.remote_kv)
+        else:
+            self.scheduler.add(request.seq)
         if self.announce_prompts:
             self._announce(request.seq)
+
+    def _add_with_remote_kv(self, seq: Sequence, remote: RemoteKV) -> None:
+        """Install pulled blocks, then queue the sequence, which hits them as a cached prefix.
+
+        The sequence's local prefix is wanted while blocks are taken (so they evict it last), and
+        the installed blocks are held until the queued sequence wants them too."""
+        block_manager = self.block_manager
+        block_manager.want_prefix(seq)
+        taken = block_manager.install_remote(seq, remote.first, remote.count)
+        block_manager.release_wants(seq)
+        if taken:
+            transfers = block_manager.take_transfers()
+            if transfers:
+                self.runner.transfer(transfers)
+            try:
+                assert self.kv_io is not None
+                rows = [index - remote.first for index, _ in taken]
+                self.kv_io.write([block_id for _, block_id in taken], remote.payload, rows)
+            except Exception:
+                log.exception("installing pulled KV blocks failed; the sequence prefills them locally")
+                block_manager.uninstall(taken)
+                taken = []
+        seq.num_transferred_tokens = len(taken) * block_manager.block_size
+        self.scheduler.add(seq)
+        block_manager.unpin([block_id for _, block_id in taken])
+
+    def _hold(self, seq: Sequence) -> KVHold | None:
+        """Pin a finished prefill leg's prompt blocks (those a decode engine's prefix hit can use:
+        every full block before the last token's) and register them with the connector."""
+        num_blocks = min((seq.num_prompt_tokens - 1) // self.block_manager.block_size, seq.num_registered_blocks)
+        if num_blocks <= 0 or self.on_hold is None:
+            return None
+        block_ids = seq.block_table[:num_blocks]
+        self.block_manager.pin(block_ids)
+        transfer_id = self.on_hold(block_ids, [hash_to_bytes(h) for h in seq.block_hashes[:num_blocks]])
+        return KVHold(transfer_id, list(block_ids))
 
     def adapters_in_use(self) -> tuple[list[str], list[str]]:
         """The LoRA adapters of the running and of the waiting sequences, each named once, sorted.
@@ -420,9 +504,10 @@ class LLMEngine:
             request.cache_lookup_counted = True
             self.metrics.prefix_cache_queries.inc(seq.num_prompt_tokens)
             host_hits = seq.num_host_cached_tokens or 0
-            self.metrics.prefix_cache_hits.inc((seq.num_cached_tokens or 0) - host_hits)
+            remote_hits = min(seq.num_transferred_tokens, (seq.num_cached_tokens or 0) - host_hits)
+            self.metrics.prefix_cache_hits.inc((seq.num_cached_tokens or 0) - host_hits - remote_hits)
             self.metrics.external_prefix_cache_queries.inc(seq.num_prompt_tokens)
-            self.metrics.external_prefix_cache_hits.inc(host_hits)
+            self.metrics.external_prefix_cache_hits.inc(host_hits + remote_hits)
             self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
         if token_id is None:
             return None
@@ -434,8 +519,10 @@ class LLMEngine:
         if request.detokenizer.stopped:
             seq.finish_reason = "stop"
         finished = seq.finish_reason is not None
+        hold = None
         if seq.finish_reason is not None:
             self._requests.pop(seq.seq_id)
+            hold = self._hold(seq) if seq.hold_kv else None
             self.scheduler.finish(seq)
             self.runner.release(seq.seq_id)
             self.metrics.request_finished(seq.finish_reason)
@@ -452,6 +539,7 @@ class LLMEngine:
             logprobs=logprobs,
             times=_times(request, now) if finished else None,
             stop_reason=request.detokenizer.matched,
+            kv_hold=hold,
         )
         return request.outputs, output
 
@@ -466,7 +554,7 @@ class LLMEngine:
 
     def _record_prefill_rate(self, step: ScheduledStep, seconds: float) -> None:
         tokens = step.num_prefill_tokens
-        if tokens:
+        if tokens >= _MIN_RATE_PREFILL_TOKENS:
             self._prefill_tokens = self._prefill_tokens * _PREFILL_RATE_DECAY + tokens
             self._prefill_seconds = self._prefill_seconds * _PREFILL_RATE_DECAY + seconds
 

@@ -57,6 +57,11 @@ class Sequence:
     """While running: the [start, end) indices of its full prompt blocks not yet computed, which
     a queued prompt sharing them waits for rather than computing them a second time."""
     finish_reason: str | None = None
+    hold_kv: bool = False
+    """A prefill leg (``kv_transfer_params.do_remote_decode``): when it finishes, its prompt's full
+    blocks stay pinned for a decode engine to pull (``engine/kv_connector.py``)."""
+    num_transferred_tokens: int = 0
+    """Prompt tokens whose KV was pulled from a prefill engine and installed before admission."""
     constraint: TokenConstraint | None = field(init=False, default=None)
     """Its own place in ``sampling.constraint``'s grammar; kept across preemption, like its output."""
 

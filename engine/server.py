@@ -19,6 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.embeddings import embeddings_response
 from engine.grammar import Grammar, GrammarCompiler
+from engine.kv_connector import KvgateConnector
+from engine.kv_transfer_params import FIELD as KV_TRANSFER_FIELD
+from engine.kv_transfer_params import NO_TRANSFER, TransferRequest, transfer_request
+from engine.kv_transfer_types import RemoteKV
 from engine.llm_engine import EngineError, LLMEngine, RequestOutput
 from engine.load_publisher import LoadPublisher
 from engine.logprobs_echo import PromptEcho, check_scored_request, prompt_text, refuse_chat_scoring, scored_top
@@ -89,8 +93,11 @@ class EngineServer:
         load_publisher: LoadPublisher | None = None,
         model_root: str | None = None,
         lora_modules: tuple[LoRAModule, ...] = (),
+        connector: KvgateConnector | None = None,
     ) -> None:
         self.engine = engine
+        self.connector = connector
+        """The KV connector (``--kv-transfer-config``); None: requests may not carry kv_transfer_params."""
         self.load_publisher = load_publisher
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
@@ -124,12 +131,16 @@ class EngineServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), CompletionRequest)
         adapter = self._adapter(body.model)
+        transfer = self._transfer(body)
         prompt_ids = await asyncio.to_thread(completion_prompt_ids, body, self.tokenizer)
         constraint = await asyncio.to_thread(self._constraint, body, None)
         shape = self._shape(adapter, chat=False, logprobs=body.logprobs)
         if body.echo or body.prompt_logprobs is not None or body.requested_max_tokens == 0:
+            if transfer != NO_TRANSFER:
+                raise bad_request(f"{KV_TRANSFER_FIELD} cannot be combined with echo, prompt_logprobs or max_tokens 0",
+                                  KV_TRANSFER_FIELD)  # fmt: skip
             return await self._scored_completion(request, body, prompt_ids, shape, adapter, constraint)
-        return await self._generate(request, body, prompt_ids, shape, adapter, constraint)
+        return await self._generate(request, body, prompt_ids, shape, adapter, constraint, transfer)
 
     async def _scored_completion(
         self,
@@ -164,11 +175,12 @@ class EngineServer:
         body = parse_request(await request.read(), ChatCompletionRequest)
         refuse_chat_scoring(body)
         adapter = self._adapter(body.model)
+        transfer = self._transfer(body)
         tools = tool_mode(body)
         prompt_ids = await asyncio.to_thread(chat_prompt_ids, body, self.tokenizer)
         constraint = await asyncio.to_thread(self._constraint, body, tools)
         shape = self._shape(adapter, chat=True, logprobs=body.num_logprobs, tools=tools)
-        return await self._generate(request, body, prompt_ids, shape, adapter, constraint)
+        return await self._generate(request, body, prompt_ids, shape, adapter, constraint, transfer)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = parse_request(await request.read(), EmbeddingRequest)
@@ -181,6 +193,9 @@ class EngineServer:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), ResponsesRequest)
         adapter = self._adapter(body.model)
+        if (body.model_extra or {}).get(KV_TRANSFER_FIELD) is not None:
+            raise bad_request(f"{KV_TRANSFER_FIELD} is taken on /v1/completions and /v1/chat/completions only",
+                              KV_TRANSFER_FIELD, "unsupported_parameter")  # fmt: skip
         tools = responses_tool_mode(body)
         prompt_ids = await asyncio.to_thread(responses_prompt_ids, body, self.tokenizer)
         constraint = await asyncio.to_thread(responses_grammar, body, tools, self.grammars)
@@ -208,6 +223,8 @@ class EngineServer:
         n: int,
         session: SessionHint | None = None,
         adapter: LoRARef | None = None,
+        hold_kv: bool = False,
+        remote_kv: RemoteKV | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs; each finished sample also leaves its spans in the caller's trace."""
         parent = remote_parent(request.headers)
@@ -222,12 +239,38 @@ class EngineServer:
             session_ttl_s=session.ttl_s if session else None,
             n=n,
             adapter=adapter,
+            hold_kv=hold_kv,
+            remote_kv=remote_kv,
         )
         async with aclosing(outputs):
             async for output in outputs:
                 if output.finished:
                     record_spans(parent, output, request_id)
                 yield output
+
+    def _transfer(self, body: CompletionRequest | ChatCompletionRequest) -> TransferRequest:
+        """The request's ``kv_transfer_params``, checked; a 400 naming it without a KV connector."""
+        value = (body.model_extra or {}).get(KV_TRANSFER_FIELD)
+        if value is None:
+            return NO_TRANSFER
+        if self.connector is None:
+            raise bad_request(
+                f"{KV_TRANSFER_FIELD} needs an engine started with --kv-transfer-config (disaggregated prefill/decode)",
+                KV_TRANSFER_FIELD,
+                "unsupported_parameter",
+            )
+        transfer = transfer_request(value)
+        if transfer.remote_decode and (body.n != 1 or body.stream):
+            raise bad_request(f"{KV_TRANSFER_FIELD}.do_remote_decode needs n 1 and stream false", KV_TRANSFER_FIELD)
+        return transfer
+
+    async def _pull(self, transfer: TransferRequest, prompt_ids: list[int], cache_salt: str | None,
+                    adapter: LoRARef | None) -> RemoteKV | None:  # fmt: skip
+        """A decode leg's missing prompt blocks, pulled from the prefill engine (None: prefill locally)."""
+        if transfer.source is None or self.connector is None:
+            return None
+        held, hashes = await self.engine.prefix_hit_blocks(prompt_ids, cache_salt, adapter)
+        return await self.connector.fetch(transfer, held, hashes)
 
     def _adapter(self, requested: str | None) -> LoRARef | None:
         return check_model(requested, self.served_model_name, self.adapters)
@@ -329,18 +372,27 @@ class EngineServer:
         shape: ResponseShape,
         adapter: LoRARef | None,
         constraint: Grammar | None = None,
+        transfer: TransferRequest = NO_TRANSFER,
     ) -> web.StreamResponse:
         params = sampling_params(body, len(prompt_ids), self.max_model_len, self.tokenizer.vocab_size)
         if constraint is not None:
             params = dataclasses.replace(params, constraint=constraint)
-        outputs = self._traced(request, prompt_ids, params, body.cache_salt, body.n, session_hint(body), adapter)
+        remote_kv = await self._pull(transfer, prompt_ids, body.cache_salt, adapter)
+        outputs = self._traced(
+            request, prompt_ids, params, body.cache_salt, body.n, session_hint(body), adapter,
+            hold_kv=transfer.remote_decode, remote_kv=remote_kv,
+        )  # fmt: skip
         async with aclosing(outputs):
             if body.stream:
                 return await self._stream(request, outputs, shape, body.n, body.include_usage)
             choices = [Choice() for _ in range(body.n)]
             async for output in outputs:
                 choices[output.index].add(output)
-            return json_response(shape.whole(choices))
+            answer = shape.whole(choices)
+            if transfer.remote_decode and self.connector is not None:
+                last = choices[0].last
+                answer["kv_transfer_params"] = self.connector.prefill_answer(last.kv_hold if last else None)
+            return json_response(answer)
 
     async def _stream(
         self,
@@ -396,10 +448,14 @@ class EngineServer:
         if self.engine.runner.constrained_decoding:
             self.grammars = await asyncio.to_thread(GrammarCompiler, self.tokenizer)
         self.engine.start(asyncio.get_running_loop())
+        if self.connector is not None:
+            await self.connector.start()
         if self.load_publisher is not None:
             self.load_publisher.start()
 
     async def _stop_engine(self, app: web.Application) -> None:
+        if self.connector is not None:
+            await self.connector.stop()
         if self.load_publisher is not None:
             await asyncio.to_thread(self.load_publisher.stop)
         await asyncio.to_thread(self.engine.stop)

@@ -4,7 +4,7 @@ An unknown key or a wrong type stops start-up with a message naming the key and 
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -82,6 +82,9 @@ class BackendSpec(ConfigSection):
     """Name of the environment variable holding the upstream key (same as `api_key: env:NAME`)."""
     headers: dict[str, str] = {}
     """Extra headers sent upstream with every request: proxied ones, health checks, /v1/models, /stats, /metrics."""
+    role: Literal["prefill", "decode", "both"] = "both"
+    """Its phase in disaggregated prefill/decode (docs/routing.md): ``prefill`` replicas only get prefill
+    legs (never a client's whole request), ``decode`` replicas never get one, ``both`` serve either."""
 
     @field_validator("url")
     @classmethod
@@ -158,7 +161,7 @@ class KvgateConfig(ConfigSection):
     engines: list[EngineSpec] = []
     backends: list[BackendSpec] = []
     discovery: DiscoveryConfig = DiscoveryConfig()
-    """Replicas found at run time (DNS), added to ``backends``; see docs/configuration.md."""
+    """Replicas found at run time (DNS, Kubernetes InferencePools), added to ``backends``; see docs/configuration.md."""
     routing: RoutingConfig = RoutingConfig()
     limits: LimitsConfig = LimitsConfig()
     normalize: NormalizeConfig = NormalizeConfig()
@@ -192,19 +195,18 @@ class KvgateConfig(ConfigSection):
         return self
 
     def _check_discovery(self) -> None:
-        rules = [rule.name for rule in self.discovery.dns]
-        if len(set(rules)) != len(rules):
-            raise ValueError("discovery.dns: names must be unique")
-        unknown = [rule.name for rule in self.discovery.dns if rule.model is not None and rule.model not in self.models]
+        rules = self.discovery.rules
+        names = [rule.name for rule in rules]
+        if len(set(names)) != len(names):
+            raise ValueError("discovery: rule names must be unique across dns and kubernetes")
+        unknown = [rule.name for rule in rules if rule.model is not None and rule.model not in self.models]
         if unknown:
             raise ValueError(
-                f"discovery.dns {', '.join(unknown)}: model must be the top-level model or one a backend declares"
+                f"discovery {', '.join(unknown)}: model must be the top-level model or one a backend declares"
             )
-        predicted = [rule.name for rule in self.discovery.dns if rule.kv_events_port is None]
+        predicted = [rule.name for rule in rules if rule.kv_events_port is None]
         if self.shared_state is not None and predicted:
-            raise ValueError(
-                f"several gateways (shared_state) need kv_events_port on discovery.dns {', '.join(predicted)}"
-            )
+            raise ValueError(f"several gateways (shared_state) need kv_events_port on discovery {', '.join(predicted)}")
 
     def _require_precise_mode_when_shared(self) -> None:
         """Several gateways (``shared_state``) route as one only on the replicas' KV events: predicted

@@ -35,10 +35,12 @@ from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
 from gateway.backends.answered_errors import AnsweredErrors
 from gateway.backends.pool import Backend, BackendPool
+from gateway.backends.prefill_leg import decode_body
 from gateway.backends.proxy import ProxyCall, UpstreamAnswered, UpstreamFailed, UpstreamOutcome, forward
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError, service_unavailable
+from gateway.pd_dispatch import Disaggregation, LegForm, PdOutcome, PdPlan, PrefillRefused, disaggregable
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import Router, RouteTicket
 from gateway.routing.types import Hold, RouteDecision, RouteReason, RouteRequest
@@ -60,6 +62,8 @@ class Dispatched:
     """Time spent waiting in the admission queue, over all attempts."""
     charged_tokens: int | None = None
     """Tokens charged to the tenant's budget, known once the request has ended."""
+    pd: PdOutcome | None = None
+    """Its disaggregated prefill/decode decision and prefill leg, on a model with P/D roles."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class Progress:
     at least."""
     charged_tokens: int | None = None
     """Tokens charged to the tenant's budget, set when the request ends however it ends."""
+    pd: PdOutcome | None = None
+    """The latest attempt's P/D decision and prefill leg (gateway/pd_dispatch.py)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,8 @@ class Dispatcher:
         self.block_size = block_size
         self.held = HeldRequests()
         """Requests late binding holds for their busy owner (routing.late_binding)."""
+        self.disaggregation = Disaggregation(pool, router, self.upstream, block_size, self._freed)
+        """Where a request's prefill runs on a model whose replicas have P/D roles."""
         pool.on_change(self.queue.notify)
         pool.on_change(self.held.notify_all)
 
@@ -150,7 +158,8 @@ class Dispatcher:
 
         ``priority`` is the request's admission class (higher leaves the queue first).
         """
-        capacities = [backend.kv_capacity_blocks for backend in self.pool.serving(request.model)]
+        serving = self.pool.serving(request.model)
+        capacities = [backend.kv_capacity_blocks for backend in serving if backend.takes_client_requests]
         check_fits_some_replica(request.model, request.prompt_tokens, request.max_tokens, self.block_size, capacities)
         async with tenant.charge(request.prompt_tokens + request.max_tokens) as charge:
             progress = forwarding.progress
@@ -195,7 +204,12 @@ class Dispatcher:
                     retention_key=decision.retention_key,
                 )
             try:
-                response, outcome = await self._forward(request, placement, decision, forwarding)
+                response, outcome = await self._forward(request, placement, decision, forwarding, answered)
+            except PrefillRefused as refused:
+                progress = forwarding.progress
+                return Dispatched(
+                    refused.response, refused.outcome, progress.decision or decision, queued_s, pd=progress.pd
+                )
             except UpstreamFailed as exc:
                 log.warning("request %s failed on %s before any byte: %s", request.request_id, decision.backend, exc)
                 if isinstance(exc.__cause__, TimeoutError):
@@ -207,7 +221,8 @@ class Dispatcher:
                 tried.add(decision.backend)
                 continue
             answered.served_elsewhere()
-            return Dispatched(response, outcome, decision, queued_s)
+            pd = forwarding.progress.pd
+            return Dispatched(response, outcome, forwarding.progress.decision or decision, queued_s, pd=pd)
         if answered:
             raise answered.client_error()
         raise service_unavailable(
@@ -255,28 +270,43 @@ class Dispatcher:
         return None
 
     async def _forward(
-        self, request: RouteRequest, placement: Placement, decision: RouteDecision, forwarding: Forwarding
+        self,
+        request: RouteRequest,
+        placement: Placement,
+        decision: RouteDecision,
+        forwarding: Forwarding,
+        answered: AnsweredErrors,
     ) -> tuple[web.StreamResponse, UpstreamOutcome]:
         """One attempt on one replica, with its bookkeeping (router, breaker, queue) settled on every exit.
 
         The router hears of the request (its index insert) as soon as it is written to the replica,
         before the gateway yields to any other request, so none routes without seeing it; or, for one
-        that failed before it was sent, before its failure undoes it (a ticket is settled once)."""
+        that failed before it was sent, before its failure undoes it (a ticket is settled once).
+        On a model with P/D roles the request's prefill may run on another replica first
+        (gateway/pd_dispatch.py): the decode replica's slot and KV are held meanwhile, its queued
+        prefill is not counted, and its reported ``cached_tokens`` (transferred KV included) does
+        not calibrate the router's prediction."""
         backend = placement.backend
         ticket = placement.ticket
+        native = forwarding.native if backend.spec.anthropic_messages else None
+        eligible = disaggregable(forwarding.path, forwarding.body, native is not None)
+        retry = decision.reason == RouteReason.RETRY
+        plan = self.disaggregation.plan(request, backend, decision.predicted_cached_tokens, eligible, retry)
+        routed_decision, decision = decision, plan.decode_decision(decision)
+        forwarding.progress.pd = plan.outcome
 
         def routed() -> None:
             self.router.on_routed(ticket, backend.name)
 
         outcome: UpstreamOutcome | None = None
+        prefill_tokens = 0 if plan.prefill is not None else placement.uncached_tokens
         try:
-            with backend.occupy(placement.uncached_tokens, placement.kv_blocks) as prefill_done:
+            with backend.occupy(prefill_tokens, placement.kv_blocks) as prefill_done:
 
                 def first_token() -> None:
                     prefill_done()
                     self.held.notify(backend.name)
 
-                native = forwarding.native if backend.spec.anthropic_messages else None
                 if forwarding.native is not None:
                     forwarding.native.on_chosen(native is not None)
                 if native is not None:
@@ -285,24 +315,33 @@ class Dispatcher:
                     body = with_retention_hint(forwarding.body, retention_hint(request, decision))
                 else:
                     body = without_retention_hint(forwarding.body)
+                forwarding.progress.decision = decision
+                if plan.prefill is not None:
+                    routed()  # the decode replica will hold the prompt's blocks however the leg ends
+                    body = await self._prefill_elsewhere(request, plan, decision, forwarding, body, answered)
+                    decision = forwarding.progress.decision = plan.decode_decision(routed_decision)
                 call = ProxyCall(
                     client=self.upstream,
                     url=f"{backend.spec.url}{native.path if native else forwarding.path}",
                     body=body,
                     stream=forwarding.stream,
                     include_usage=forwarding.include_usage,
-                    headers={**forwarding.headers, **decision_headers(decision)},
+                    headers={**forwarding.headers, **decision_headers(decision), **plan.headers()},
                     timeouts=self.timeouts,
                     max_tokens=request.max_tokens,
                     prompt_tokens=request.prompt_tokens,
                     on_first_token=first_token,
                     on_sent=routed,
-                    upstream_headers={**backend.spec.upstream_headers(), **forwarding.upstream_headers},
+                    upstream_headers={
+                        **backend.spec.upstream_headers(),
+                        **forwarding.upstream_headers,
+                        **plan.upstream_headers(request),
+                    },
                     stream_format=native.stream_format if native else forwarding.stream_format,
                     stream_response=native.stream_response if native else forwarding.stream_response,
                     redactor=backend.redactor,
                 )
-                forwarding.progress.decision, forwarding.progress.outcome = decision, call.outcome
+                forwarding.progress.outcome = call.outcome
                 try:
                     response, outcome = await forward(call, forwarding.client_request)
                 except asyncio.CancelledError:
@@ -315,14 +354,47 @@ class Dispatcher:
         finally:
             routed()
             ok = outcome is not None and outcome.completed
-            self.router.on_finished(ticket, outcome.usage.cached_tokens if outcome and outcome.usage else None, ok=ok)
-            self.queue.notify()
-            self.held.notify(backend.name)
+            cached = outcome.usage.cached_tokens if outcome and outcome.usage and plan.params is None else None
+            self.router.on_finished(ticket, cached, ok=ok)
+            self._freed(backend.name)
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()
         elif not outcome.client_gone:
             backend.breaker.record_failure()
         return response, outcome
+
+    async def _prefill_elsewhere(
+        self,
+        request: RouteRequest,
+        plan: PdPlan,
+        decision: RouteDecision,
+        forwarding: Forwarding,
+        body: dict,
+        answered: AnsweredErrors,
+    ) -> dict:
+        """Run the plan's prefill leg; the decode leg's ``body``: with the leg's ``kv_transfer_params``,
+        or as it was when the leg failed (the decode replica prefills locally). The leg carries no
+        retention hint: the conversation is kept where it decodes."""
+        form = LegForm(
+            path=forwarding.path,
+            body=without_retention_hint(forwarding.body),
+            response_headers={**forwarding.headers, **decision_headers(decision), **plan.headers()},
+            upstream_headers=forwarding.upstream_headers,
+        )
+        try:
+            await self.disaggregation.run_leg(plan, request, form, forwarding.client_request, answered, self.timeouts)
+        except asyncio.CancelledError:
+            forwarding.progress.prefill_started = True
+            raise
+        except PrefillRefused as refused:
+            forwarding.progress.outcome = refused.outcome
+            raise
+        return decode_body(body, plan.params) if plan.params is not None else body
+
+    def _freed(self, name: str) -> None:
+        """A request left replica ``name``: queued and held requests may fit now."""
+        self.queue.notify()
+        self.held.notify(name)
 
 
 def decision_headers(decision: RouteDecision) -> dict[str, str]:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway import event_loop
 from gateway.app import create_app, refusal_recorder
+from gateway.background_threads import install_background_executor
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.http_server import GatewayRunner
 from gateway.reload import reload_on_signal
@@ -116,6 +117,7 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
         access_log=None,
     )
     await runner.setup()
+    install_background_executor(asyncio.get_running_loop())
     freeze_startup_objects()
     private = await start_private_site(app, worker) if worker is not None else None
     site = web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=worker is not None)

@@ -20,7 +20,7 @@ from gateway.admission.queue import AdmissionQueue
 from gateway.admission.redis_limiter import RedisLimiter
 from gateway.admission.tenants import TenantRegistry
 from gateway.admission.tokenize_slots import TokenizeSlots
-from gateway.backends.dns_discovery import DnsDiscoverer
+from gateway.backends.discovery import Discovery
 from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, ConfigError, KvgateConfig
 from gateway.dispatch import Dispatcher
@@ -50,14 +50,14 @@ class Gateway:
     limits: RequestCaps
     telemetry: Telemetry
     tokenize_slots: TokenizeSlots
-    discovery: DnsDiscoverer = field(init=False)
-    """Replicas found in DNS (``discovery.dns``), served beside the config's ``backends``."""
+    discovery: Discovery = field(init=False)
+    """Replicas found in DNS or through the Kubernetes API (``discovery``), served beside the config's ``backends``."""
     _applying: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
     """One change of the backend set at a time: a reload or a discovery."""
 
     def __post_init__(self) -> None:
-        self.discovery = DnsDiscoverer(self.apply_discovered)
-        self.discovery.configure(self.config.discovery.dns)
+        self.discovery = Discovery(self.apply_discovered)
+        self.discovery.configure(self.config.discovery)
 
     @classmethod
     def build(cls, config: KvgateConfig) -> "Gateway":
@@ -109,7 +109,7 @@ class Gateway:
         except ValueError as exc:
             raise ConfigError(f"invalid config {source}: routing: {exc}") from None
         if config.discovery != self.config.discovery:
-            self.discovery.configure(config.discovery.dns)
+            self.discovery.configure(config.discovery)
             self.router.update(config.routing, replica_specs(self._with_discovered(config), self.pool))
         self.config = config
         self.models = models

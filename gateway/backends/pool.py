@@ -86,6 +86,16 @@ class Backend:
         """May take a new request at all (load aside)."""
         return self.healthy and not self.draining and self.breaker.allows_request()
 
+    @property
+    def takes_client_requests(self) -> bool:
+        """Serves a client's whole request (or a decode leg): every role but ``prefill``."""
+        return self.spec.role != "prefill"
+
+    @property
+    def takes_prefill_legs(self) -> bool:
+        """Serves the prefill leg of a disaggregated request: every role but ``decode``."""
+        return self.spec.role != "decode"
+
     def fits(self, kv_blocks: int) -> bool:
         return self.has_room and fits(self.kv_reserved_blocks, kv_blocks, self.kv_capacity_blocks)
 
@@ -162,12 +172,22 @@ class BackendPool:
         return [backend for backend in self.backends.values() if backend.model == model]
 
     def usable(self, model: str) -> list[Backend]:
-        """The replicas of ``model`` that may take a request (healthy, not draining, breaker closed).
+        """The replicas of ``model`` that may take a client's request (healthy, not draining, breaker
+        closed, not prefill-only).
 
         This is the routing pipeline's filter stage, in the one place that knows these facts;
         the dispatcher then keeps those with a free slot and hands them to the router.
         """
-        return [backend for backend in self.serving(model) if backend.usable]
+        return [backend for backend in self.serving(model) if backend.usable and backend.takes_client_requests]
+
+    def prefill_usable(self, model: str) -> list[Backend]:
+        """The replicas of ``model`` that may take a prefill leg now (role ``prefill`` or ``both``)."""
+        return [backend for backend in self.serving(model) if backend.usable and backend.takes_prefill_legs]
+
+    def disaggregates(self, model: str) -> bool:
+        """The model's replicas declare phases (a ``prefill`` or ``decode`` role): its requests may
+        run their prefill on one replica and their decode on another."""
+        return any(backend.spec.role != "both" for backend in self.serving(model))
 
     def reported_adapters(self) -> dict[str, str]:
         """LoRA adapters the replicas list in their /v1/models, each with the model it adapts."""

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from gateway.app import admin_app, openai_errors
+from gateway.background_threads import install_background_executor
 from gateway.config import KvgateConfig
 from gateway.epp.service import EndpointPicker
 from gateway.observability.routes import add_routes as add_observability_routes
@@ -75,6 +76,7 @@ async def serve_epp(
     config: KvgateConfig, host: str, grpc_port: int, health_port: int, metrics_port: int, fallbacks: int
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop taking streams and finish those in flight."""
+    install_background_executor(asyncio.get_running_loop())
     gateway = Gateway.build(config)
     await gateway.start()
     health = HealthServicer()

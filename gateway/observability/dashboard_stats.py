@@ -1,5 +1,6 @@
 """The JSON the dashboard polls (GET /dashboard/stats.json): rolling series plus the state right now."""
 
+import dataclasses
 import time
 
 from gateway.admission.queue import AdmissionQueue
@@ -31,9 +32,24 @@ def dashboard_stats(telemetry: Telemetry, pool: BackendPool, queue: AdmissionQue
             {"tenant": name, **tally.summary(), "queued": waiting.get(name, 0)}
             for name, tally in sorted(stats.by_tenant.items())
         ],
+        "pd": {
+            "decisions": dict(stats.pd.most_common()),
+            "prefill_legs": [
+                {
+                    "backend": name,
+                    **dataclasses.asdict(legs),
+                    "hit_rate": _ratio(legs.cached_tokens, legs.prompt_tokens),
+                }
+                for name, legs in sorted(stats.prefill_legs.items())
+            ],
+        },
         "prefix_breakers": telemetry.breakers.table(),
         "prefix_index": router.stats(),
     }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
 
 
 def _replica(backend: Backend, tally: Tally) -> dict:
@@ -45,6 +61,7 @@ def _replica(backend: Backend, tally: Tally) -> dict:
     return {
         "name": backend.name,
         "model": backend.model,
+        "role": backend.spec.role,
         "healthy": backend.healthy,
         "draining": backend.draining,
         "circuit": backend.breaker.state.value,

@@ -99,6 +99,24 @@ class GatewayMetrics:
         self.route_decisions = counter(
             "kvgate_route_decisions", "Routing decisions by chosen backend and reason.", ["backend", "reason"]
         )
+        self.pd_requests = counter(
+            "kvgate_pd_requests",
+            "Requests to a model with P/D roles, by where their prefill ran (disaggregated, local-prefill-*, "
+            "prefill-leg-failed).",
+            ["decision"],
+        )
+        self.pd_prefill_legs = counter(
+            "kvgate_pd_prefill_legs", "Prefill legs sent to a replica (disaggregated or failed).", ["backend"]
+        )
+        self.pd_prefill_prompt_tokens = counter(
+            "kvgate_pd_prefill_prompt_tokens", "Prompt tokens of prefill legs a replica answered.", ["backend"]
+        )
+        self.pd_prefill_cached_tokens = counter(
+            "kvgate_pd_prefill_cached_tokens",
+            "Prompt tokens a prefill replica reported cached for its legs (its own prefix hits; the client's "
+            "cached_tokens are the decode replica's).",
+            ["backend"],
+        )
         self.normalized = counter("kvgate_normalized_requests", "Requests a normalization rule changed.", ["rule"])
         self.normalized_cached_tokens = counter(
             "kvgate_normalized_cached_tokens", "Backend-reported cached tokens of requests a rule changed.", ["rule"]
@@ -120,6 +138,8 @@ class GatewayMetrics:
         self.registry.register(collector)
 
     def observe(self, record: RequestRecord) -> None:
+        if record.pd is not None:
+            self._observe_pd(record)
         if record.rejected:
             self.rejections.labels(record.tenant, record.status, record.error_code or "unknown").inc()
             return
@@ -145,6 +165,15 @@ class GatewayMetrics:
         for rule in record.normalized_rules:
             self.normalized.labels(rule).inc()
             self.normalized_cached_tokens.labels(rule).inc(record.cached_tokens or 0)
+
+    def _observe_pd(self, record: RequestRecord) -> None:
+        self.pd_requests.labels(record.pd).inc()
+        backend = record.prefill_backend
+        if backend is None:
+            return
+        self.pd_prefill_legs.labels(backend).inc()
+        self.pd_prefill_prompt_tokens.labels(backend).inc(record.prefill_prompt_tokens or 0)
+        self.pd_prefill_cached_tokens.labels(backend).inc(record.prefill_cached_tokens or 0)
 
     def _served_children(self, key: tuple[str | None, ...]) -> "_ServedChildren":
         """The labelled children one kind of served request updates, looked up once: ``labels()``

@@ -97,6 +97,15 @@ class Normalization:
     cached_tokens: int = 0
 
 
+@dataclass
+class PrefillLegs:
+    """Prefill legs a replica served for disaggregated requests, and its prefix hits on them."""
+
+    legs: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
 class StatsWindow:
     """Time series over the last `window_s` seconds in `bucket_s` steps, and totals since start."""
 
@@ -109,11 +118,15 @@ class StatsWindow:
         self.by_tenant: dict[str, Tally] = {}
         self.reasons: Counter = Counter()
         self.normalization: dict[str, Normalization] = {}
+        self.pd: Counter = Counter()
+        """Requests to models with P/D roles, by where their prefill ran."""
+        self.prefill_legs: dict[str, PrefillLegs] = {}
 
     def add(self, record: RequestRecord) -> None:
         self._bucket(record.finished_at).add(record)
         self.totals.add(record)
         _tally(self.by_tenant, record.tenant).add(record)
+        self._add_pd(record)
         if record.backend is None:
             return
         _tally(self.by_backend, record.backend).add(record)
@@ -122,6 +135,15 @@ class StatsWindow:
             normalization = self.normalization.setdefault(rule, Normalization())
             normalization.requests += 1
             normalization.cached_tokens += record.cached_tokens or 0
+
+    def _add_pd(self, record: RequestRecord) -> None:
+        if record.pd is not None:
+            self.pd[record.pd] += 1
+        if record.prefill_backend is not None:
+            legs = self.prefill_legs.setdefault(record.prefill_backend, PrefillLegs())
+            legs.legs += 1
+            legs.prompt_tokens += record.prefill_prompt_tokens or 0
+            legs.cached_tokens += record.prefill_cached_tokens or 0
 
     def _bucket(self, at: float) -> Bucket:
         """The newest bucket, opened if ``at`` is past it: records arrive as requests finish, in time

@@ -6,7 +6,7 @@ rates stay token-weighted and percentiles come from the pooled samples.
 
 import dataclasses
 
-from gateway.observability.rolling_stats import Bucket, Normalization, StatsWindow, Tally
+from gateway.observability.rolling_stats import Bucket, Normalization, PrefillLegs, StatsWindow, Tally
 
 
 def merge_windows(windows: list[StatsWindow]) -> StatsWindow:
@@ -23,6 +23,12 @@ def merge_windows(windows: list[StatsWindow]) -> StatsWindow:
             total = merged.normalization.setdefault(rule, Normalization())
             total.requests += entry.requests
             total.cached_tokens += entry.cached_tokens
+        merged.pd.update(window.pd)
+        for name, legs in window.prefill_legs.items():
+            merged_legs = merged.prefill_legs.setdefault(name, PrefillLegs())
+            merged_legs.legs += legs.legs
+            merged_legs.prompt_tokens += legs.prompt_tokens
+            merged_legs.cached_tokens += legs.cached_tokens
         for bucket in window.buckets:
             _add_bucket(buckets.setdefault(bucket.index, Bucket(bucket.index)), bucket)
     merged.buckets.extend(buckets[index] for index in sorted(buckets))

@@ -21,6 +21,7 @@ from gateway.observability.pricing import request_cost
 from gateway.observability.request_log import RequestLog
 from gateway.observability.rolling_stats import StatsWindow
 from gateway.observability.telemetry_record import UNAUTHENTICATED, RequestRecord
+from gateway.pd_dispatch import PdOutcome
 from gateway.routing.types import RouteDecision, RouteRequest
 from gateway.served_model import ServedModel
 from normalize.segment_tokenizer import SegmentTokenizer
@@ -43,6 +44,7 @@ class Telemetry:
         route, target, normalized = request.route, request.target, request.normalized
         assert route is not None and target is not None and normalized is not None, "an answered request was routed"
         record = _served_record(request, route, dispatched.decision, dispatched.outcome)
+        _add_pd(record, dispatched.pd)
         record.status = _status(dispatched)
         record.queued_s = dispatched.queued_s
         record.charged_tokens = dispatched.charged_tokens
@@ -79,6 +81,7 @@ class Telemetry:
             )
         record.status = CLIENT_GONE
         record.charged_tokens = progress.charged_tokens if progress is not None else None
+        _add_pd(record, progress.pd if progress is not None else None)
         self._observe(record, None)
 
     def observe_rejection(self, request: GatewayRequest, error: OpenAIError) -> None:
@@ -138,6 +141,14 @@ def _served_record(
         ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - request.started,
         e2e_s=time.perf_counter() - request.started,
     )
+
+
+def _add_pd(record: RequestRecord, pd: PdOutcome | None) -> None:
+    if pd is None:
+        return
+    record.pd = pd.decision.value
+    record.prefill_backend = pd.prefill_backend if pd.prefill_s is not None else None
+    record.prefill_prompt_tokens, record.prefill_cached_tokens = pd.prefill_prompt_tokens, pd.prefill_cached_tokens
 
 
 def _status(dispatched: Dispatched) -> str:

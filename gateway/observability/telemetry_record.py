@@ -42,6 +42,13 @@ class RequestRecord:
     """At the model's ``observability.pricing`` (None: no price): what the request would be billed."""
     cache_savings: float | None = None
     """What its cached prompt tokens saved against the uncached input price."""
+    pd: str | None = None
+    """On a model with P/D roles: its prefill decision (gateway/pd_dispatch.py ``PdChoice``)."""
+    prefill_backend: str | None = None
+    """The replica its prefill leg went to (disaggregated, or a leg that failed)."""
+    prefill_prompt_tokens: int | None = None
+    prefill_cached_tokens: int | None = None
+    """The prefill replica's own prefix hit; ``cached_tokens`` stays the decode answer's."""
 
     @property
     def rejected(self) -> bool:
@@ -79,4 +86,7 @@ class RequestRecord:
             "trace_id": self.trace_id,
             "cost": self.cost,
             "cache_savings": self.cache_savings,
+            "pd": self.pd,
+            "prefill_backend": self.prefill_backend,
+            "prefill_cached_tokens": self.prefill_cached_tokens,
         }

@@ -1,5 +1,7 @@
 """The ``routing:`` section of config.yaml (hot-reloadable)."""
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from gateway.config_section import ConfigSection
@@ -18,6 +20,36 @@ class LateBindingConfig(ConfigSection):
     max_wait_s: float = Field(1.0, gt=0)
     """Longest a request waits for its owner before it is routed as if never held; an owner whose
     estimated TTFT is more than this above the spill's is not waited for at all."""
+
+
+class DisaggregationConfig(ConfigSection):
+    """``routing.disaggregation`` (gateway/routing/pd_decider.py): whether a request prefills on a
+    prefill replica and decodes on another. It matters only in a fleet with ``role: prefill`` or
+    ``role: decode`` backends."""
+
+    mode: Literal["conditional", "always", "never"] = "conditional"
+    """conditional: per request, from the TTFT estimator (the decider's docstring); always: every
+    request that has a prefill replica to go to (vLLM's P/D proxies); never: prefill locally."""
+    kv_bytes_per_token: int = Field(46_080, ge=0)
+    """KV bytes a prompt token moves: the model's, from ``kvgate plan`` (planner/kv_math.py).
+    Default: SmolLM2-135M in float32 as the bundled engine holds it on CPU (30 layers x 3 KV heads
+    x 64 x 2 x 4 bytes); Llama-3-8B in bf16 is 131,072."""
+    kv_bandwidth_bytes_per_s: float = Field(2e9, gt=0)
+    """Bandwidth of a KV pull from the prefill replica: 2 GB/s is TCP on one host or a 25 Gb/s
+    link; NIXL over RDMA reaches 25-50 GB/s."""
+    split_overhead_s: float = Field(0.005, ge=0)
+    """Fixed cost a split adds to the first token: the prefill leg's round trip and the pull's setup."""
+    itl_weight: float = Field(0.1, ge=0)
+    """Seconds of TTFT one second of stall to other requests' decodes is worth: a prefill on a
+    replica stalls each decode running there for its duration, but that stall spreads over the
+    decode's output tokens (mean ITL), so it weighs less than a wait for a first token. In
+    ``bench simulate-pd`` (Llama-3-8B on H100, 8 replicas, conversation window 0) 1.0 split too
+    eagerly and lost to aggregated at trace time / 16 (48 vs 75 % goodput); 0.1 matched or beat it
+    at / 8 and / 16 (bench/notes/2026-12-02-pd-simulate.md)."""
+    stall_free_tokens: int = Field(256, ge=0)
+    """Uncached prompt tokens a prefill can run alongside decodes without stalling them (chunked
+    prefill hides a chunk in a decode step): below it, a local prefill costs no one else's ITL, so
+    a warm follow-up or a short prompt prefills where it decodes."""
 
 
 class RoutingConfig(ConfigSection):
@@ -97,6 +129,8 @@ class RoutingConfig(ConfigSection):
     """A session's footprint counts until its last turn is this old: the bundled engine's
     ``--session-ttl-s`` default, for which it keeps an active session's latest turn."""
 
+    disaggregation: DisaggregationConfig = DisaggregationConfig()
+    """Prefill/decode split per request (gateway/routing/pd_decider.py)."""
     late_binding: LateBindingConfig = LateBindingConfig()
     """Hold a request for its busy owner at the gateway instead of spilling it."""
 

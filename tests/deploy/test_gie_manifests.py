@@ -170,22 +170,22 @@ def test_the_epp_runs_kvgate_epp_on_gies_ports_with_the_config_it_mounts() -> No
     (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
     assert volume["name"] == mount["name"] and volume["configMap"]["name"] == config_map["metadata"]["name"]
     config = parse_config(yaml.safe_load(config_map["data"][Path(args.config).name]), "deploy/gie/epp.yaml")
-    engine = by_kind(DEPLOY / "k8s" / "engine.yaml")
-    (statefulset,), (headless,) = engine["StatefulSet"], engine["Service"]
+    (statefulset,) = by_kind(DEPLOY / "k8s" / "engine.yaml")["StatefulSet"]
     (engine_container,) = statefulset["spec"]["template"]["spec"]["containers"]
     engine_args = engine_parser().parse_args(engine_container["args"][1:])
-    assert config.backends == [], "the replicas are the pods DNS lists, by IP, as Envoy needs them"
-    (rule,) = config.discovery.dns
-    assert headless["spec"]["clusterIP"] == "None" and rule.host == headless["metadata"]["name"]
-    assert headless["spec"]["selector"] == statefulset["spec"]["template"]["metadata"]["labels"]
+    assert config.backends == [], "the replicas are the pool's pods, by IP, as Envoy needs them"
+    (rule,) = config.discovery.kubernetes
+    (pool,) = by_kind(GIE / "inferencepool.yaml")["InferencePool"]
+    assert rule.inference_pool == pool["metadata"]["name"] and rule.kubeconfig is None, "in cluster"
+    assert [port["number"] for port in pool["spec"]["targetPorts"]] == [engine_args.port]
     sockets = (rule.kv_events_port, rule.kv_events_replay_port, rule.load_events_port)
     flags = (engine_args.kv_events, engine_args.kv_events_replay, engine_args.load_events)
-    assert rule.port == engine_args.port and sockets == tuple(int(flag.rsplit(":", 1)[1]) for flag in flags)
+    assert sockets == tuple(int(flag.rsplit(":", 1)[1]) for flag in flags)
 
 
 def test_the_kustomization_lists_every_manifest() -> None:
     (kustomization,) = documents(GIE / "kustomization.yaml")
-    assert sorted(kustomization["resources"]) == ["epp.yaml", "httproute.yaml", "inferencepool.yaml"]
+    assert sorted(kustomization["resources"]) == ["epp.yaml", "httproute.yaml", "inferencepool.yaml", "rbac.yaml"]
 
 
 def test_autoscalers_scale_the_engines_on_pool_saturation() -> None:

@@ -96,3 +96,17 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving() -> Non
 
     run(engine, scenario)
     assert engine.block_manager.num_free_blocks == NUM_BLOCKS
+
+
+def test_only_steps_with_a_real_prefill_measure_the_prefill_rate() -> None:
+    """A short tail's step time is the step's fixed cost: counted, a warm prompt's 10-token tail
+    would report a prefill rate far below the engine's."""
+    engine = make_engine()
+
+    async def scenario() -> None:
+        await collect(engine, list(range(10)), 1)
+        assert engine.stats().prefill_tokens_per_s is None
+        await collect(engine, list(range(100, 200)), 1)
+        assert engine.stats().prefill_tokens_per_s
+
+    run(engine, scenario)

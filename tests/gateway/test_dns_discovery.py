@@ -8,24 +8,29 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
 
 import dns.exception
 import dns.resolver
 import pytest
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import http_ok, launch, wait_ready
 from gateway.backends.discovery_config import DnsDiscovery
 from gateway.backends.dns_discovery import backend_for
 from gateway.config import ConfigError, parse_config
-from tests.procs import ManagedProcess, free_port, http, kvgate_cmd, start_gateway
+from tests.discovered_fleet import (
+    MODEL,
+    complete,
+    engines_on,
+    fleet_ports,
+    healthy_backends,
+    indexed_backends,
+    rule_ports,
+    start_discovering_gateway,
+    wait_for,
+)
+from tests.procs import ManagedProcess, free_port, http
 
-MODEL = "smollm2-135m"
 HOST = "engines.kvgate.test"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 INTERVAL_S = 0.3
@@ -103,30 +108,13 @@ class Dnsmasq:
 
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
-    return {name: free_port() for name in ("http", "kv_events", "kv_events_replay", "load_events")}
+    return fleet_ports()
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory, ports: dict[str, int]) -> Iterator[list[ManagedProcess]]:
-    folder = tmp_path_factory.mktemp("dns-engines")
-    started: list[ManagedProcess] = []
-    try:
-        for address in ADDRESSES:
-            command = kvgate_cmd(
-                "engine", "--sim", "--host", address, "--port", str(ports["http"]),
-                "--kv-events", f"tcp://{address}:{ports['kv_events']}",
-                "--kv-events-replay", f"tcp://{address}:{ports['kv_events_replay']}",
-                "--load-events", f"tcp://{address}:{ports['load_events']}",
-                "--block-size", "16", "--num-blocks", "512",
-            )  # fmt: skip
-            launched = launch(command, ports["http"], folder / f"engine-{address}.log")
-            engine = ManagedProcess(launched.proc, ports["http"], launched.log_path)
-            started.append(engine)
-            wait_ready(engine, partial(http_ok, f"http://{address}:{ports['http']}/health"), 180)
+    with engines_on(ADDRESSES, ports, tmp_path_factory.mktemp("dns-engines")) as started:
         yield started
-    finally:
-        for engine in started:
-            engine.stop()
 
 
 @pytest.fixture
@@ -138,63 +126,16 @@ def dnsmasq(tmp_path: Path) -> Iterator[Dnsmasq]:
     server.stop()
 
 
-def start_discovering_gateway(tmp_path: Path, dnsmasq: Dnsmasq, ports: dict[str, int]) -> ManagedProcess:
-    port = free_port()
+def start_dns_gateway(tmp_path: Path, dnsmasq: Dnsmasq, ports: dict[str, int]) -> ManagedProcess:
     rule = {
         "name": "engine",
         "host": HOST,
         "port": ports["http"],
-        "kv_events_port": ports["kv_events"],
-        "kv_events_replay_port": ports["kv_events_replay"],
-        "load_events_port": ports["load_events"],
+        **rule_ports(ports),
         "interval_s": INTERVAL_S,
         "nameserver": f"127.0.0.1:{dnsmasq.port}",
     }
-    config = {
-        "listen": {"host": "127.0.0.1", "port": port},
-        "model": MODEL,
-        "block_size": 16,
-        "discovery": {"dns": [rule]},
-        "health": {"interval_s": 0.3},
-    }
-    config_path = tmp_path / "gateway.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    return start_gateway(tmp_path, config_path, port)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def healthy_backends(gateway: ManagedProcess) -> set[str]:
-    reply = http("GET", f"{gateway.url}/health")
-    assert reply.status == 200
-    body = reply.json()
-    assert isinstance(body, dict)
-    return set(body["healthy_backends"])
-
-
-def indexed_backends(gateway: ManagedProcess) -> set[str]:
-    """Backends the prefix index holds confirmed blocks for (from the KV events)."""
-    text = http("GET", f"{gateway.url}/metrics").body.decode()
-    return {
-        sample.labels["backend"]
-        for family in text_string_to_metric_families(text)
-        if family.name == "kvgate_prefix_index_replica_blocks"
-        for sample in family.samples
-        if sample.labels["kind"] == "confirmed" and sample.value > 0
-    }
-
-
-def complete(gateway: ManagedProcess, seed: int) -> str:
-    """One completion with a prompt of its own; the backend that served it."""
-    prompt = f"Request {seed}: " + "tell me about the weather in spring. " * 8
-    reply = http("POST", f"{gateway.url}/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4})
-    assert reply.status == 200, reply.body
-    return reply.headers["x-kvgate-backend"]
+    return start_discovering_gateway(tmp_path, {"dns": [rule]})
 
 
 def name(address: str) -> str:
@@ -206,7 +147,7 @@ def test_routing_follows_the_a_records_as_replicas_come_and_go(
 ) -> None:
     first, second = ADDRESSES
     dnsmasq.set_addresses([first])
-    gateway = start_discovering_gateway(tmp_path, dnsmasq, ports)
+    gateway = start_dns_gateway(tmp_path, dnsmasq, ports)
     try:
         assert healthy_backends(gateway) == {name(first)}, "the first lookup runs before the gateway serves"
         assert {complete(gateway, seed) for seed in range(4)} == {name(first)}
@@ -234,7 +175,7 @@ def test_a_resolver_that_stops_answering_keeps_the_last_replicas(
     tmp_path: Path, engines: list[ManagedProcess], dnsmasq: Dnsmasq, ports: dict[str, int]
 ) -> None:
     dnsmasq.set_addresses(list(ADDRESSES))
-    gateway = start_discovering_gateway(tmp_path, dnsmasq, ports)
+    gateway = start_dns_gateway(tmp_path, dnsmasq, ports)
     try:
         assert healthy_backends(gateway) == {name(address) for address in ADDRESSES}
         dnsmasq.stop()

@@ -158,6 +158,7 @@ function drawLoad() {
 function drawTables(stats) {
   fillTable("replicas", stats.replicas, (r) => [
     [r.name],
+    [r.role ?? "both"],
     [r.healthy ? "up" : "down", r.healthy ? "up" : "down"],
     [r.circuit ?? "–"],
     [number(r.in_flight)],
@@ -174,6 +175,11 @@ function drawTables(stats) {
     [b.model], [number(b.position)], [number(b.block)], [number(b.requests)], [number(b.mean_lost_tokens)], [b.preview, "preview"],
   ]);
   document.body.dataset.breakerRows = String(breakerRows);
+  const pd = stats.pd ?? { decisions: {}, prefill_legs: [] };
+  fillTable("pd-decisions", Object.entries(pd.decisions), ([decision, count]) => [[decision], [number(count)]]);
+  fillTable("pd-prefill", pd.prefill_legs, (p) => [
+    [p.backend], [number(p.legs)], [number(p.prompt_tokens)], [number(p.cached_tokens)], [percent(p.hit_rate)],
+  ]);
   fillTable("normalization", stats.normalization, (n) => [[n.rule], [number(n.requests)], [number(n.cached_tokens)]]);
   fillTable("tenants", stats.tenants, (t) => [
     [t.tenant], [number(t.requests)], [number(t.rejected)], [number(t.prompt_tokens)], [percent(t.hit_rate)],

@@ -1,0 +1,104 @@
+"""Whether one request prefills on a prefill replica and decodes on another (P/D disaggregation).
+
+Pure arithmetic on the router's own estimator (``RouteContext``: queue wait + uncached tokens /
+prefill rate), shared by the gateway's dispatch and ``bench simulate``. Each way is costed as its
+estimated TTFT plus the stall its prefill puts on decodes (``itl_weight`` x the decodes it stalls
+x the prefill's seconds beyond ``stall_free_tokens``):
+
+- local: the decode replica prefills what it lacks, stalling its own running decodes;
+- split: the prefill replica prefills what *it* lacks, the decode replica pulls the blocks it
+  lacks (``kv_bytes_per_token`` / ``kv_bandwidth_bytes_per_s`` a token) and only then queues
+  the request behind its own waiting work (requests routed to it meanwhile are ahead: its queue
+  wait counts in full, as in ``bench simulate``, where assuming it drains during the prefill leg
+  underestimated split TTFTs by 2-3 s); only a prefill replica that also decodes
+  (``role: both``) has decodes to stall.
+
+The split wins when it costs less. That gives the peers' rules as special cases, with the load
+and the transfer priced in: llm-d's ``prefix-based-pd-decider`` splits when the decode replica's
+uncached suffix reaches ``nonCachedTokens``, Dynamo's conditional disaggregation when it exceeds
+``max_local_prefill_length`` and the prefill queue is short. Here a warm follow-up or a short
+prompt stays local (a prefill under ``stall_free_tokens`` stalls no one, and the split only adds
+the transfer), a long uncached prompt on a decode replica that is decoding splits, and a queue at
+the prefill replica or a slow link keeps it local.
+"""
+
+from dataclasses import dataclass
+
+from gateway.routing.config import DisaggregationConfig
+from gateway.routing.context import RouteContext, ScoringSettings
+from gateway.routing.types import ReplicaState, RouteRequest
+
+
+@dataclass(frozen=True)
+class PdDecision:
+    disaggregate: bool
+    reason: str
+    """Short, for the route reason, e.g. ``pd-split: est 0.42s vs local 1.10s``."""
+    local_cost_s: float
+    """Estimated TTFT + weighted decode stall of prefilling on the decode replica (0 when not costed)."""
+    split_cost_s: float
+    """The same for prefilling on the prefill replica and moving the KV (0 when not costed)."""
+
+
+def transfer_s_per_token(settings: DisaggregationConfig) -> float:
+    """Seconds one prompt token's KV takes to move from the prefill replica to the decode replica."""
+    return settings.kv_bytes_per_token / settings.kv_bandwidth_bytes_per_s
+
+
+def decide_disaggregation(
+    request: RouteRequest,
+    decode: ReplicaState,
+    decode_cached_tokens: int,
+    prefill: ReplicaState | None,
+    prefill_cached_tokens: int,
+    routing: ScoringSettings,
+    settings: DisaggregationConfig,
+    transfer_s: float | None = None,
+    prefill_decodes: bool = False,
+) -> PdDecision:
+    """Split ``request`` between ``prefill`` and ``decode``, or prefill it on ``decode``.
+
+    ``*_cached_tokens``: the router's predicted cached prompt tokens on each replica.
+    ``transfer_s``: seconds per token moved (default ``transfer_s_per_token(settings)``).
+    ``prefill_decodes``: the prefill replica also runs decodes (``role: both``), so its prefill
+    stalls them as a local one would stall the decode replica's.
+    """
+    if prefill is None or prefill.name == decode.name or not prefill.healthy:
+        return PdDecision(False, "pd-local: no prefill replica", 0.0, 0.0)
+    if settings.mode == "never":
+        return PdDecision(False, "pd-never", 0.0, 0.0)
+    if settings.mode == "always":
+        return PdDecision(True, "pd-always", 0.0, 0.0)
+    per_token = transfer_s_per_token(settings) if transfer_s is None else transfer_s
+    context = RouteContext(request, [decode, prefill], {}, {}, routing)
+    prompt = request.prompt_tokens
+    local_uncached = max(prompt - decode_cached_tokens, 0)
+    split_uncached = max(prompt - prefill_cached_tokens, 0)
+    decode_rate, prefill_rate = context.prefill_rate(decode), context.prefill_rate(prefill)
+
+    local_ttft = context.queue_wait_s(decode) + local_uncached / decode_rate
+    local_cost = local_ttft + settings.itl_weight * _stall_s(decode, local_uncached, decode_rate, settings)
+
+    split_ready = (
+        context.queue_wait_s(prefill)
+        + split_uncached / prefill_rate
+        + local_uncached * per_token
+        + settings.split_overhead_s
+    )
+    split_ttft = split_ready + context.queue_wait_s(decode)
+    split_stall = _stall_s(prefill, split_uncached, prefill_rate, settings) if prefill_decodes else 0.0
+    split_cost = split_ttft + settings.itl_weight * split_stall
+
+    if split_cost < local_cost:
+        return PdDecision(True, f"pd-split: est {split_cost:.2f}s vs local {local_cost:.2f}s", local_cost, split_cost)
+    held = decode_cached_tokens / prompt if prompt else 0.0
+    reason = f"pd-local: est {local_cost:.2f}s vs split {split_cost:.2f}s, {held:.0%} cached"
+    return PdDecision(False, reason, local_cost, split_cost)
+
+
+def _stall_s(replica: ReplicaState, uncached: int, rate: float, settings: DisaggregationConfig) -> float:
+    """Decode-seconds a prefill of ``uncached`` tokens on ``replica`` holds up: each decode running
+    there, and at least the next one sent there while it runs, waits out the part of the prefill
+    a decode step cannot hide."""
+    decodes = replica.num_running if replica.num_running is not None else replica.in_flight
+    return max(decodes, 1) * max(uncached - settings.stall_free_tokens, 0) / rate

@@ -1,0 +1,113 @@
+"""P/D fleets in ``bench simulate`` (bench/sim_pd.py): roles, the split's timeline, repeatability."""
+
+import pytest
+
+from bench.cli import scaled_costs
+from bench.contenders import Contender
+from bench.sim_pd import PdSetup, PdVirtualFleet, split_roles
+from bench.sim_pd_cli import main as simulate_pd_main
+from bench.sim_pd_cli import transfer_s_per_token
+from bench.simulate import SimFleet
+from bench.workloads.types import BenchRequest
+from engine.sim_runner import SMOLLM2_CPU
+
+COSTS = scaled_costs(SMOLLM2_CPU, 75e-6)
+FLEET = SimFleet(replicas=3, num_blocks=512, costs=COSTS)
+TRANSFER_S = 2e-5
+"""Seconds per token moved: large enough to see in a timeline, far below a token's prefill."""
+KVGATE = Contender("kvgate", "cache_aware")
+
+
+def long_prompts(count: int = 12, tokens: int = 1500) -> list[BenchRequest]:
+    """Distinct long prompts, one every 0.2 s, 16 output tokens each."""
+    return [
+        BenchRequest(f"r{i}", f"r{i}", 0.2 * i, 16, prompt_ids=tuple(100_000 * (i + 1) + t for t in range(tokens)))
+        for i in range(count)
+    ]
+
+
+def run(decider: str, prefill: int = 1, requests: list[BenchRequest] | None = None) -> PdVirtualFleet:
+    fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, prefill), decider, TRANSFER_S))
+    outcome = fleet.run(requests or long_prompts())
+    assert all(result.ok for result in outcome.load.results)
+    for backend in fleet.backends:
+        manager = backend.replica.block_manager
+        manager.assert_invariants()
+        assert manager.num_free_blocks == manager.num_blocks, "no block leaked"
+        assert backend.in_flight == backend.in_flight_prefill_tokens == backend.kv_reserved_blocks == 0
+    return fleet
+
+
+def test_always_splits_every_request_onto_the_roles() -> None:
+    fleet = run("always")
+    assert fleet.pd.split == len(long_prompts()) and fleet.pd.local == 0
+    assert {leg.prefill for leg in fleet.pd.legs.values()} == {"replica-0"}
+    assert {leg.decode for leg in fleet.pd.legs.values()} <= {"replica-1", "replica-2"}
+    assert fleet.backends[0].replica.served == len(long_prompts()), "the prefill replica ran every prefill leg"
+
+
+def test_a_split_requests_timeline_includes_the_prefill_leg_and_the_transfer() -> None:
+    requests = long_prompts()
+    fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 1), "always", TRANSFER_S))
+    results = {result.request_id: result for result in fleet.run(requests).load.results}
+    for request in requests:
+        leg, result = fleet.pd.legs[request.request_id], results[request.request_id]
+        assert leg.moved_blocks == (len(request.prompt_ids or ()) - 1) // 16, "a cold decode replica pulls every block"
+        assert leg.transfer_s == pytest.approx(leg.moved_blocks * 16 * TRANSFER_S)
+        assert result.ttft_s is not None
+        assert result.start_s + result.ttft_s >= leg.prefill_done_s + leg.transfer_s
+        assert result.cached_tokens == leg.moved_blocks * 16, "the decode leg hits the pulled blocks"
+        assert result.backend == leg.decode and f"prefill={leg.prefill}" in (result.route_reason or "")
+
+
+def test_the_decode_replica_pulls_only_the_blocks_it_lacks() -> None:
+    first = long_prompts(1)[0]
+    follow_up = BenchRequest("r1", "r1", 5.0, 16, prompt_ids=(first.prompt_ids or ()) + tuple(range(7, 807)))
+    fleet = run("always", requests=[first, follow_up])
+    legs = fleet.pd.legs
+    assert legs["r0"].decode == legs["r1"].decode, "the follow-up decodes where its prefix is"
+    assert legs["r1"].moved_blocks == (len(follow_up.prompt_ids or ()) - 1) // 16 - legs["r0"].moved_blocks
+
+
+def test_kvgate_conditional_splits_long_cold_prompts_and_keeps_warm_follow_ups_local() -> None:
+    first = long_prompts(1)[0]
+    follow_up = BenchRequest("r1", "r1", 5.0, 16, prompt_ids=(first.prompt_ids or ()) + tuple(range(7, 47)))
+    fleet = run("kvgate", requests=[first, follow_up])
+    assert set(fleet.pd.legs) == {"r0"}
+    assert fleet.pd.local == 1
+
+
+def test_aggregated_never_splits_and_peers_follow_their_thresholds() -> None:
+    assert run("never", prefill=0).pd.split == 0
+    short = [BenchRequest(f"s{i}", f"s{i}", 0.1 * i, 8, prompt_ids=tuple(range(i, i + 200))) for i in range(6)]
+    assert run("llm-d", requests=short).pd.split == 0
+    assert run("llm-d").pd.split == len(long_prompts())
+    assert run("dynamo", requests=short).pd.split == 0
+    assert run("dynamo").pd.split > 0
+
+
+def test_runs_are_exactly_repeatable() -> None:
+    def timings() -> list[tuple[str, float | None, str | None]]:
+        fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 0), "kvgate", TRANSFER_S))
+        return [(r.request_id, r.ttft_s, r.route_reason) for r in fleet.run(long_prompts()).load.results]
+
+    assert timings() == timings()
+
+
+def test_roles_are_checked() -> None:
+    with pytest.raises(ValueError, match="one role"):
+        PdVirtualFleet(KVGATE, FLEET, PdSetup(("both", "both"), "kvgate", TRANSFER_S))
+    with pytest.raises(ValueError, match="serve nothing"):
+        PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 1), "never", TRANSFER_S))
+    with pytest.raises(ValueError, match="decode replica"):
+        split_roles(3, 3)
+
+
+def test_transfer_cost_comes_from_the_planner() -> None:
+    assert transfer_s_per_token("llama-3-8b-h100", 25.0) == pytest.approx(131_072 / 25e9)
+    assert transfer_s_per_token("llama-3-70b-h100-tp4", 25.0) == pytest.approx(327_680 / 100e9)
+
+
+def test_the_command_skips_without_the_trace(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate_pd_main(["--trace-dir", str(tmp_path)]) == 0
+    assert "skipping" in capsys.readouterr().out

@@ -1,0 +1,218 @@
+"""Disaggregated prefill/decode end to end: a gateway in front of a prefill and a decode bundled engine
+serving SmolLM2 with the KV connector on, beside an aggregated gateway in front of a third engine,
+all real processes on loopback."""
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.gateway_cluster import gateway_for, start_engine_set
+from tests.procs import HttpReply, ManagedProcess, free_port, http
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+BLOCK = 16
+CONNECTOR = '{"kv_role": "kv_both", "kv_connector_extra_config": {"hold_timeout_s": 5}}'
+ENGINE_FLAGS = ("--num-blocks", "512", "--max-model-len", "4096", "--kv-transfer-config", CONNECTOR)
+DOCUMENT = " ".join(f"Clause {index}: the tenant keeps the garden at number {index * 7} tidy." for index in range(80))
+"""About 1,500 tokens: a prompt long enough that the decider moves its prefill."""
+
+
+@dataclass
+class Fleet:
+    prefill: ManagedProcess
+    decode: ManagedProcess
+    single: ManagedProcess
+    pd: ManagedProcess
+    """The gateway with role prefill and role decode backends."""
+    aggregated: ManagedProcess
+    """A gateway in front of ``single`` alone: the answer to compare with."""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp_path = tmp_path_factory.mktemp("pd")
+    engines = start_engine_set(tmp_path, [ENGINE_FLAGS] * 3)
+    prefill, decode, single = engines
+    health = {"interval_s": 0.5, "timeout_s": 1.0}
+    pd_config = {
+        "listen": {"port": free_port()},
+        "model": MODEL,
+        "backends": [
+            {"name": "prefill", "url": prefill.url, "role": "prefill"},
+            {"name": "decode", "url": decode.url, "role": "decode"},
+        ],
+        "health": health,
+    }
+    aggregated_config = {
+        "listen": {"port": free_port()},
+        "model": MODEL,
+        "backends": [{"name": "single", "url": single.url}],
+        "health": health,
+    }
+    (tmp_path / "pd").mkdir()
+    (tmp_path / "aggregated").mkdir()
+    try:
+        with (
+            gateway_for(tmp_path / "pd", pd_config) as pd,
+            gateway_for(tmp_path / "aggregated", aggregated_config) as aggregated,
+        ):
+            yield Fleet(prefill, decode, single, pd, aggregated)
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def ask(gateway: ManagedProcess, messages: list[dict[str, str]], **fields: Any) -> HttpReply:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0, **fields}
+    reply = http("POST", f"{gateway.url}/v1/chat/completions", body, timeout=300)
+    assert reply.status == 200, reply.body
+    return reply
+
+
+def content(reply: HttpReply) -> str:
+    answer = reply.json()
+    assert isinstance(answer, dict)
+    return answer["choices"][0]["message"]["content"]
+
+
+def usage(reply: HttpReply) -> dict[str, Any]:
+    answer = reply.json()
+    assert isinstance(answer, dict)
+    return answer["usage"]
+
+
+def document_question() -> list[dict[str, str]]:
+    """A long prompt no engine has seen (its first block differs)."""
+    return [
+        {"role": "system", "content": f"Case {uuid.uuid4().hex}. Answer from the document.\n{DOCUMENT}"},
+        {"role": "user", "content": "Which number does clause 12 name?"},
+    ]
+
+
+def in_flight(gateway: ManagedProcess) -> dict[str, int]:
+    status = http("GET", f"{gateway.url}/admin/backends").json()
+    assert isinstance(status, dict)
+    return {backend["name"]: backend["in_flight"] for backend in status["backends"]}
+
+
+def test_a_long_uncached_prompt_disaggregates_and_answers_as_the_aggregated_engine(fleet: Fleet) -> None:
+    messages = document_question()
+    split = ask(fleet.pd, messages)
+    alone = ask(fleet.aggregated, messages)
+    assert split.headers["x-kvgate-backend"] == "decode"
+    assert split.headers["x-kvgate-prefill-backend"] == "prefill"
+    assert "pd=disaggregated; prefill=prefill; decode=decode" in split.headers["x-kvgate-route-reason"]
+    assert content(split) == content(alone), "greedy output is token-identical to the aggregated engine's"
+    split_usage, alone_usage = usage(split), usage(alone)
+    prompt = split_usage["prompt_tokens"]
+    assert prompt == alone_usage["prompt_tokens"] > 600
+    assert split_usage["completion_tokens"] == alone_usage["completion_tokens"]
+    assert split_usage["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // BLOCK * BLOCK, (
+        "the decode answer counts the transferred blocks as cached, as vLLM does"
+    )
+    assert alone_usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_follow_up_turn_stays_on_the_decode_replica_and_reuses_its_cache(fleet: Fleet) -> None:
+    messages = document_question()
+    first = ask(fleet.pd, messages)
+    assert first.headers.get("x-kvgate-prefill-backend") == "prefill"
+    follow_up = [*messages, {"role": "assistant", "content": content(first)}, {"role": "user", "content": "And 13?"}]
+    second = ask(fleet.pd, follow_up)
+    assert second.headers["x-kvgate-backend"] == "decode"
+    assert "pd=local-prefill-warm" in second.headers["x-kvgate-route-reason"]
+    assert "x-kvgate-prefill-backend" not in second.headers
+    assert usage(second)["prompt_tokens_details"]["cached_tokens"] >= usage(first)["prompt_tokens"] - BLOCK
+
+
+def test_a_disaggregated_stream_carries_the_decode_answers_usage_and_is_counted_once(fleet: Fleet) -> None:
+    messages = document_question()
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    before = _pd_counts(fleet.pd)
+
+    async def run() -> tuple[dict[str, str], list[bytes]]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{fleet.pd.url}/v1/chat/completions", json=body) as reply,
+        ):
+            return dict(reply.headers), [line async for line in reply.content if line.startswith(b"data: ")]
+
+    headers, events = asyncio.run(run())
+    assert headers["x-kvgate-prefill-backend"] == "prefill" and events[-1].strip() == b"data: [DONE]"
+    assert b'"cached_tokens"' in events[-2]
+    after = _pd_counts(fleet.pd)
+    assert after["disaggregated"] == before.get("disaggregated", 0) + 1
+    assert after["legs"] == before.get("legs", 0) + 1
+    assert in_flight(fleet.pd) == {"prefill": 0, "decode": 0}
+
+
+def _pd_counts(gateway: ManagedProcess) -> dict[str, float]:
+    text = http("GET", f"{gateway.url}/metrics").body.decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('kvgate_pd_requests_total{decision="disaggregated"}'):
+            counts["disaggregated"] = float(line.split()[-1])
+        if line.startswith('kvgate_pd_prefill_legs_total{backend="prefill"}'):
+            counts["legs"] = float(line.split()[-1])
+    return counts
+
+
+def test_a_client_that_leaves_during_the_prefill_leg_frees_the_gateway_and_both_engines(fleet: Fleet) -> None:
+    body = {"model": MODEL, "messages": document_question(), "max_tokens": 64, "stream": True}
+
+    async def leave_during_prefill() -> None:
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.create_task(session.post(f"{fleet.pd.url}/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 60
+            while in_flight(fleet.pd)["prefill"] == 0:
+                assert not request.done(), "the prefill leg ended before the client could leave"
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+
+    asyncio.run(leave_during_prefill())
+    deadline = time.monotonic() + 30
+    while True:
+        engines: list[Any] = [http("GET", f"{engine.url}/stats").json() for engine in (fleet.prefill, fleet.decode)]
+        gateway = http("GET", f"{fleet.pd.url}/admin/backends").json()
+        assert isinstance(gateway, dict)
+        busy = sum(backend["in_flight"] + backend["kv_reserved_blocks"] for backend in gateway["backends"])
+        idle = not busy and gateway["tenants_in_flight"] == {"anonymous": 0}
+        freed = all(stats["running"] == 0 and stats["free_blocks"] == stats["num_blocks"] for stats in engines)
+        if idle and freed:
+            break
+        assert time.monotonic() < deadline, (gateway, engines)
+        time.sleep(0.1)
+
+
+def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_locally(fleet: Fleet) -> None:
+    """Last in this module: it kills the prefill engine."""
+    messages = document_question()
+    replies: list[HttpReply] = []
+    client = threading.Thread(target=lambda: replies.append(ask(fleet.pd, messages)))
+    client.start()
+    deadline = time.monotonic() + 60
+    while in_flight(fleet.pd)["prefill"] == 0:
+        assert client.is_alive(), "the prefill leg ended before the engine could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    fleet.prefill.kill()
+    client.join(300)
+    [reply] = replies
+    assert reply.headers["x-kvgate-backend"] == "decode"
+    assert "pd=prefill-leg-failed; prefill=prefill; decode=decode" in reply.headers["x-kvgate-route-reason"]
+    assert content(reply) == content(ask(fleet.aggregated, messages))
+    assert in_flight(fleet.pd) == {"prefill": 0, "decode": 0}
+    after = ask(fleet.pd, document_question())
+    assert after.headers["x-kvgate-backend"] == "decode", "the dead prefill replica is skipped"
