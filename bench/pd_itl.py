@@ -11,6 +11,7 @@ p50/p99 and TTFT, the long prompts' TTFT, and how many long prompts were split.
 
 import argparse
 import asyncio
+import os
 import random
 import tempfile
 from collections.abc import Callable
@@ -27,7 +28,13 @@ from bench.processes import Process, free_port, http_ok, kvgate_command, launch,
 from bench.workloads.types import BenchRequest
 
 CONNECTOR = '{"kv_role": "kv_both"}'
-ENGINE_FLAGS = ("--num-blocks", "1024", "--max-model-len", "4096", "--kv-transfer-config", CONNECTOR)
+ENGINE_THREADS = max(1, len(os.sched_getaffinity(0)) // 2)
+"""Each of the two engines gets half the CPUs: two engines with a thread per CPU each oversubscribe
+the cores, and their OpenMP teams then wait on each other (steps of seconds, streams timing out)."""
+ENGINE_FLAGS = (
+    "--num-blocks", "1024", "--max-model-len", "4096", "--kv-transfer-config", CONNECTOR,
+    "--threads", str(ENGINE_THREADS),
+)  # fmt: skip
 FLEETS = {"aggregated": ("both", "both"), "P/D 1+1": ("prefill", "decode")}
 
 
@@ -49,7 +56,9 @@ def workload(args: argparse.Namespace) -> list[BenchRequest]:
     return sorted(requests, key=lambda request: request.arrival_s)
 
 
-def start_fleet(stack: ExitStack, folder: Path, roles: tuple[str, str], routing: dict[str, Any]) -> Process:
+def start_fleet(
+    stack: ExitStack, folder: Path, roles: tuple[str, str], routing: dict[str, Any]
+) -> tuple[Process, list[Process]]:
     """Two fresh engines and a gateway in front of them with these roles; all stop with ``stack``."""
     engines = []
     for index in range(2):
@@ -75,21 +84,30 @@ def start_fleet(stack: ExitStack, folder: Path, roles: tuple[str, str], routing:
     gateway = launch(kvgate_command("gateway", "-c", str(folder / "gateway.yaml")), port, folder / "gateway.log")
     stack.callback(gateway.stop)
     wait_ready(gateway, _health(gateway.url), 120)
-    return gateway
+    return gateway, engines
 
 
 def _health(url: str) -> Callable[[], bool]:
     return lambda: http_ok(f"{url}/health")
 
 
-def run_fleet(name: str, requests: list[BenchRequest], routing: dict[str, Any], folder: Path) -> LoadResult:
+def warm_up(engine: Process, long_tokens: int) -> None:
+    """A short and a long prompt straight to the engine, so that neither fleet's first long prefill
+    pays the engine's first-use costs (kernel set-up for the shape, memory) while others decode."""
+    prompts = [tuple(range(2000, 2040)), tuple(range(3000, 3000 + long_tokens))]
+    warm = [BenchRequest(f"warm-up-{i}", f"warm-up-{i}", 0.0, 4, prompt) for i, prompt in enumerate(prompts)]
+    asyncio.run(run_load(warm, Target((engine.url,), MODEL), label="warm-up"))
+
+
+def run_fleet(
+    name: str, requests: list[BenchRequest], routing: dict[str, Any], folder: Path, long_tokens: int
+) -> LoadResult:
     folder.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        gateway = start_fleet(stack, folder, FLEETS[name], routing)
-        target = Target((gateway.url,), MODEL)
-        warm_up = [BenchRequest("warm-up", "warm-up", 0.0, 4, tuple(range(2000, 2040)))]
-        asyncio.run(run_load(warm_up, target, label="warm-up"))
-        return asyncio.run(run_load(requests, target, label=name))
+        gateway, engines = start_fleet(stack, folder, FLEETS[name], routing)
+        for engine in engines:
+            warm_up(engine, long_tokens)
+        return asyncio.run(run_load(requests, Target((gateway.url,), MODEL), label=name))
 
 
 def summary(name: str, load: LoadResult) -> str:
@@ -143,7 +161,7 @@ def main(argv: list[str]) -> int:
         base = args.out or Path(scratch)
         for name in FLEETS:
             routing = {"disaggregation": {"mode": args.mode}}
-            load = run_fleet(name, requests, routing, base / name.replace("/", "").replace(" ", "-"))
+            load = run_fleet(name, requests, routing, base / name.replace("/", "").replace(" ", "-"), args.long_tokens)
             lines.append(summary(name, load))
             print(lines[-1], flush=True)
     print("\n".join(lines))
