@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
+from engine.prefill_rate import PrefillRate
 from engine.runner_api import SamplingParams
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.sequence import Sequence
@@ -18,8 +19,6 @@ from engine.session_retention import SessionRetention
 from engine.sim_runner import SimCosts
 from radix.kv_event_format import KVEvent
 
-PREFILL_RATE_DECAY = 0.9
-"""As the engine: weight kept by past steps in the measured prefill rate."""
 WORD_TOKENS = 50
 """Pseudo output tokens cycle through this many ids (their values never matter to a prompt)."""
 
@@ -67,8 +66,7 @@ class SimReplica:
         self._requests: dict[int, SimRequest] = {}
         self._next_seq_id = 0
         self._step: ScheduledStep | None = None
-        self._prefill_tokens = 0.0
-        self._prefill_seconds = 0.0
+        self._prefill_rate = PrefillRate()
 
     def add(
         self,
@@ -145,9 +143,7 @@ class SimReplica:
             return None
         seconds = self.costs.step_seconds(step.chunks)
         seconds += len(step.transfers) * self.block_size * self.costs.host_copy_per_token_s
-        if step.num_prefill_tokens:
-            self._prefill_tokens = self._prefill_tokens * PREFILL_RATE_DECAY + step.num_prefill_tokens
-            self._prefill_seconds = self._prefill_seconds * PREFILL_RATE_DECAY + seconds
+        self._prefill_rate.record(step.num_prefill_tokens, seconds)
         self._step = step
         self.busy_until = now + seconds
         return self.busy_until
@@ -170,7 +166,7 @@ class SimReplica:
         return {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
-            "prefill_tokens_per_s": self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else 0.0,
+            "prefill_tokens_per_s": self._prefill_rate.tokens_per_s or 0.0,
         }
 
     def _advance(self, request: SimRequest, now: float) -> None:

@@ -28,22 +28,15 @@ from engine.kv_transfer_blocks import BlockIO
 from engine.kv_transfer_types import KVHold, RemoteKV
 from engine.lora_modules import LoRARef
 from engine.metrics import EngineMetrics
+from engine.prefill_rate import PrefillRate
 from engine.runner_api import ModelRunner, SamplingParams, TokenLogprobs
-from engine.scheduler import ScheduledStep, Scheduler
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent
 
 log = logging.getLogger(__name__)
-
-_PREFILL_RATE_DECAY = 0.9
-"""Weight kept by past steps in the measured prefill rate (an exponential moving average)."""
-_MIN_RATE_PREFILL_TOKENS = 64
-"""Steps that prefill fewer tokens do not count in the rate: their time is the step's fixed cost
-(a forward pass, the batch's decodes), so a stream of warm prompts' short tails (a prefix hit, KV
-pulled from a prefill replica) measured a rate 10-100x too low and routing priced every prefill
-as if it ran at that rate."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +117,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._prefill_tokens = 0.0
-        self._prefill_seconds = 0.0
+        self._prefill_rate = PrefillRate()
         self._queued_prefill_tokens = 0
         self._announced: deque[list[bytes]] = deque()
         """Block hashes of the prompts queued since the load socket last read them (engine thread
@@ -312,7 +304,7 @@ class LLMEngine:
             waiting=len(self.scheduler.waiting),
             queued_prefill_tokens=self._queued_prefill_tokens,
             kv_cache_usage=self.block_manager.usage,
-            prefill_tokens_per_s=self._prefill_rate(),
+            prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             pending_prefixes=self._take_announced(),
         )
 
@@ -325,7 +317,7 @@ class LLMEngine:
             waiting=len(self.scheduler.waiting),
             queued_prefill_tokens=self._queued_prefill_tokens,
             kv_cache_usage=block_manager.usage,
-            prefill_tokens_per_s=self._prefill_rate(),
+            prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             block_size=block_manager.block_size,
             num_blocks=block_manager.num_blocks,
             free_blocks=block_manager.num_free_blocks,
@@ -340,9 +332,6 @@ class LLMEngine:
             host_hit_blocks=block_manager.num_host_hit_blocks,
             retained_free_blocks=block_manager.num_retained_free_blocks,
         )
-
-    def _prefill_rate(self) -> float | None:
-        return self._prefill_tokens / self._prefill_seconds if self._prefill_seconds else None
 
     def _run(self) -> None:
         stalled = False
@@ -476,7 +465,7 @@ class LLMEngine:
                 request.scheduled_time = started
         sampled = self.runner.execute(step.chunks)
         now = time.monotonic()
-        self._record_prefill_rate(step, now - started)
+        self._prefill_rate.record(step.num_prefill_tokens, now - started)
         logprobs = self.runner.take_logprobs()
         self.scheduler.postprocess(step, sampled)
         deliveries = [
@@ -551,12 +540,6 @@ class LLMEngine:
             self.metrics.inter_token_latency.observe(now - request.last_token_time)
         request.last_token_time = now
         self.metrics.generation_tokens.inc()
-
-    def _record_prefill_rate(self, step: ScheduledStep, seconds: float) -> None:
-        tokens = step.num_prefill_tokens
-        if tokens >= _MIN_RATE_PREFILL_TOKENS:
-            self._prefill_tokens = self._prefill_tokens * _PREFILL_RATE_DECAY + tokens
-            self._prefill_seconds = self._prefill_seconds * _PREFILL_RATE_DECAY + seconds
 
     def _fail_all(self, message: str) -> None:
         """Finish every request with an error output and start over with an empty batch."""
