@@ -1,5 +1,5 @@
 """``kvgate bench``: ``run`` compares routers on a workload; every other subcommand is a benchmark
-module of its own, each also runnable alone (``python -m bench.MODULE``)."""
+module of its own, each also runnable alone (``python -m`` on its module, e.g. ``bench.micro.overhead``)."""
 
 import argparse
 import dataclasses
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from bench.contenders import FleetSpec, contenders_for, sglang_install_hint, sglang_router_binary
-from bench.processes import REPO
-from bench.runner import RunSettings, run_benchmark
+from bench.harness.contenders import FleetSpec, contenders_for, sglang_install_hint, sglang_router_binary
+from bench.harness.processes import REPO
+from bench.harness.runner import RunSettings, run_benchmark
 from bench.workloads import WORKLOADS
-from engine.sim_runner import SIM_PRESETS, SimCosts
+from engine.sim.sim_runner import SIM_PRESETS, SimCosts
 
 DEFAULT_NUM_BLOCKS = {
     "shared-prefix": 3072,
@@ -33,20 +33,29 @@ TRACE_FILES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthet
 RUN_SUMMARY = "kvgate's policies against direct round robin and peers on one workload"
 
 DELEGATED: dict[str, tuple[str, str]] = {
-    "simulate": ("bench.simulate_cli", "the same comparison in virtual time, in one process"),
-    "simulate-pd": ("bench.sim_pd_cli", "aggregated against P/D fleets (always, conditional, peers) in virtual time"),
-    "pd-itl": ("bench.pd_itl", "short requests' decode ITL while long prompts arrive: aggregated vs P/D, CPU"),
-    "overhead": ("bench.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
-    "epp-latency": ("bench.epp_latency", "added latency and picks/s of `kvgate epp` beside the HTTP gateway's"),
-    "overhead-ab": ("bench.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),
-    "throughput": ("bench.throughput", "highest request rate with p99 under a bound, per --workers count (wrk)"),
-    "soak": ("bench.soak", "minutes of mixed load with KV events, a reload and a replica kill: event-loop lag"),
-    "zero-backend": ("bench.zero_backend", "serve a zero-latency OpenAI-compatible backend for overhead runs"),
-    "request-stages": ("bench.request_stages", "gateway CPU of each stage of the chat request path, in process"),
-    "normalize-cost": ("bench.normalize_cost", "gateway CPU per request for normalize, template, tokenize, hashes"),
-    "limiter-cost": ("bench.limiter_cost", "cost per request of shared limits, in process against Redis"),
-    "redis-recovery": ("bench.redis_recovery", "how soon the Redis limiter sees a restarted Redis"),
-    "index-cost": ("bench.index_cost", "prefix index: match + insert time of a 4,096-token prompt, bytes per block"),
+    "simulate": ("bench.sim.simulate_cli", "the same comparison in virtual time, in one process"),
+    "simulate-pd": (
+        "bench.sim.sim_pd_cli",
+        "aggregated against P/D fleets (always, conditional, peers) in virtual time",
+    ),
+    "pd-itl": ("bench.engine.pd_itl", "short requests' decode ITL while long prompts arrive: aggregated vs P/D, CPU"),
+    "overhead": ("bench.micro.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
+    "epp-latency": ("bench.micro.epp_latency", "added latency and picks/s of `kvgate epp` beside the HTTP gateway's"),
+    "overhead-ab": ("bench.micro.overhead_ab", "added latency and CPU per request of gateway trees, interleaved A/B"),
+    "throughput": ("bench.micro.throughput", "highest request rate with p99 under a bound, per --workers count (wrk)"),
+    "soak": ("bench.micro.soak", "minutes of mixed load with KV events, a reload and a replica kill: event-loop lag"),
+    "zero-backend": ("bench.harness.zero_backend", "serve a zero-latency OpenAI-compatible backend for overhead runs"),
+    "request-stages": ("bench.micro.request_stages", "gateway CPU of each stage of the chat request path, in process"),
+    "normalize-cost": (
+        "bench.micro.normalize_cost",
+        "gateway CPU per request for normalize, template, tokenize, hashes",
+    ),
+    "limiter-cost": ("bench.micro.limiter_cost", "cost per request of shared limits, in process against Redis"),
+    "redis-recovery": ("bench.micro.redis_recovery", "how soon the Redis limiter sees a restarted Redis"),
+    "index-cost": (
+        "bench.micro.index_cost",
+        "prefix index: match + insert time of a 4,096-token prompt, bytes per block",
+    ),
     "engine-throughput": ("bench.engine.throughput", "engine throughput and TTFT against transformers' batching"),
     "engine-prefix-ttft": ("bench.engine.prefix_ttft", "engine TTFT of a long prompt with its prefix cached vs cold"),
     "engine-step-profile": ("bench.engine.step_profile", "where one engine runner step's time goes"),
@@ -54,21 +63,27 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "engine-request-cost": ("bench.engine.request_cost", "engine TTFT, page faults and CPU time of one request"),
     "engine-grammar": ("bench.engine.grammar_decode", "decode tokens/s with and without a JSON schema"),
     "engine-matmul": ("bench.engine.matmul_libraries", "GFLOP/s of MKL and oneDNN on the engine's matrices"),
-    "engine-vs-vllm": ("bench.engine_vs_vllm", "the bundled engine against vLLM on CPU, same model and dtype"),
+    "engine-vs-vllm": ("bench.engine.engine_vs_vllm", "the bundled engine against vLLM on CPU, same model and dtype"),
     "vllm-gateway-check": ("bench.peers.vllm_gateway_check", "the gateway in front of a real vLLM, end to end"),
     "hf-export": ("bench.peers.hf_export", "save a kvgate model as a plain HF folder a peer engine loads"),
     "dynamo-proxy": (
         "bench.peers.dynamo_proxy",
         "tokenizing proxy in front of Dynamo's select_service (the dynamo peer)",
     ),
-    "dynamo-agreement": ("bench.dynamo_agreement", "the Dynamo router model against the real one, per decision"),
-    "lm-eval-parity": ("bench.lm_eval_parity", "lm-eval scores: engine direct, through the gateway, and hf"),
+    "dynamo-agreement": ("bench.peers.dynamo_agreement", "the Dynamo router model against the real one, per decision"),
+    "lm-eval-parity": ("bench.peers.lm_eval_parity", "lm-eval scores: engine direct, through the gateway, and hf"),
 }
 """Subcommands handed whole to another module's ``main(argv)`` (which parses its own flags)."""
 
 SPAWNED: dict[str, tuple[str, str]] = {
-    "index-cost-ab": ("bench/index_cost_ab.py", "prefix index: two source trees interleaved on index-cost's workload"),
-    "index-cost-shapes": ("bench/index_cost_shapes.py", "prefix index CPU per operation on other shapes, one tree"),
+    "index-cost-ab": (
+        "bench/micro/index_cost_ab.py",
+        "prefix index: two source trees interleaved on index-cost's workload",
+    ),
+    "index-cost-shapes": (
+        "bench/micro/index_cost_shapes.py",
+        "prefix index CPU per operation on other shapes, one tree",
+    ),
 }
 """Subcommands run as a fresh ``python FILE``: they import ``radix`` and ``bench`` from the tree they are given."""
 

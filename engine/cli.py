@@ -8,17 +8,20 @@ import sys
 import zmq
 from aiohttp import web
 
-from engine.block_manager import BlockManager
-from engine.config import AUTO_DTYPE, DEFAULT_MODEL, DTYPE_CHOICES, MAX_DEFAULT_MODEL_LEN, EngineConfig
-from engine.host_kv_pool import GIB, host_kv_blocks
-from engine.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
-from engine.kv_connector import KvgateConnector
-from engine.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
-from engine.kv_transfer_blocks import BlockIO, SimBlockIO
-from engine.kv_transfer_config import KVTransferConfig, KVTransferConfigError, parse_kv_transfer_config
-from engine.llm_engine import LLMEngine
-from engine.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
-from engine.lora_modules import (
+from engine.core.block_manager import BlockManager
+from engine.core.config import AUTO_DTYPE, DEFAULT_MODEL, DTYPE_CHOICES, MAX_DEFAULT_MODEL_LEN, EngineConfig
+from engine.core.host_kv_pool import GIB, host_kv_blocks
+from engine.core.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
+from engine.core.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import Scheduler
+from engine.core.session_retention import (
+    DEFAULT_MAX_SESSION_TTL_S,
+    DEFAULT_SESSION_RETAIN_FRACTION,
+    DEFAULT_SESSION_TTL_S,
+    SessionRetention,
+)
+from engine.model.lora_modules import (
     DEFAULT_MAX_LORA_RANK,
     AdapterConfig,
     LoRAError,
@@ -26,17 +29,14 @@ from engine.lora_modules import (
     check_modules,
     parse_lora_module,
 )
-from engine.metrics import EngineMetrics
-from engine.runner_api import ModelRunner
-from engine.scheduler import Scheduler
-from engine.server import EngineServer
-from engine.session_retention import (
-    DEFAULT_MAX_SESSION_TTL_S,
-    DEFAULT_SESSION_RETAIN_FRACTION,
-    DEFAULT_SESSION_TTL_S,
-    SessionRetention,
-)
-from engine.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
+from engine.model.runner_api import ModelRunner
+from engine.server.kv_connector import KvgateConnector
+from engine.server.kv_transfer_blocks import BlockIO, SimBlockIO
+from engine.server.kv_transfer_config import KVTransferConfig, KVTransferConfigError, parse_kv_transfer_config
+from engine.server.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
+from engine.server.metrics import EngineMetrics
+from engine.server.server import EngineServer
+from engine.sim.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import ModelNotFoundError
 from planner.arch import ModelArch
@@ -314,9 +314,9 @@ def build_runner(
         return SimRunner(config.block_size, budget.num_blocks, costs, tokenizer.encode_text(SIM_TEXT))
     import torch
 
-    from engine.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
-    from engine.model_runner import TorchModelRunner
-    from engine.omp_team import on_short_lived_thread
+    from engine.model.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
+    from engine.model.model_runner import TorchModelRunner
+    from engine.model.omp_team import on_short_lived_thread
 
     if config.device == "cpu":
         use_one_malloc_arena()
@@ -400,7 +400,7 @@ def block_io(config: EngineConfig, budget: KVBudget, runner: ModelRunner) -> Blo
     assert config.kv_transfer is not None
     if config.sim:
         return SimBlockIO(budget.bytes_per_token, config.block_size, config.kv_transfer.sim_bandwidth_gbs)
-    from engine.kv_transfer_torch import torch_block_io
+    from engine.server.kv_transfer_torch import torch_block_io
 
     return torch_block_io(runner)
 

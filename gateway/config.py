@@ -135,6 +135,11 @@ class HealthConfig(ConfigSection):
     eject_s: float = Field(5.0, gt=0)
     """How long an ejected replica rests before one probe request may try it again."""
 
+    @property
+    def report_stale_after_s(self) -> float:
+        """A load read by a health check (/stats, /metrics) counts this long: three missed rounds."""
+        return 3 * self.interval_s + self.timeout_s
+
 
 class TimeoutsConfig(ConfigSection):
     connect_s: float = Field(2.0, gt=0)

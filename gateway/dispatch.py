@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from gateway.admission.forwarded_body import with_retention_hint, without_retention_hint
-from gateway.admission.held import HeldRequests
-from gateway.admission.kv_blocks import blocks_needed, check_fits_some_replica
+from gateway.admission.kv_blocks import check_fits_some_replica
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.tenants import Tenant
 from gateway.backends.answered_errors import AnsweredErrors
@@ -40,10 +39,13 @@ from gateway.backends.proxy import ProxyCall, UpstreamAnswered, UpstreamFailed, 
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.errors import OpenAIError, service_unavailable
+from gateway.in_flight import InFlight
 from gateway.pd_dispatch import Disaggregation, LegForm, PdOutcome, PdPlan, PrefillRefused, disaggregable
+from gateway.routing.held_requests import HeldRequests
+from gateway.routing.placement import Placement, place
 from gateway.routing.retention_keys import retention_hint
-from gateway.routing.router import Router, RouteTicket
-from gateway.routing.types import Hold, RouteDecision, RouteReason, RouteRequest
+from gateway.routing.router import Router
+from gateway.routing.types import RouteDecision, RouteReason, RouteRequest
 from protocol.tracing import span
 
 log = logging.getLogger("kvgate.dispatch")
@@ -64,19 +66,6 @@ class Dispatched:
     """Tokens charged to the tenant's budget, known once the request has ended."""
     pd: PdOutcome | None = None
     """Its disaggregated prefill/decode decision and prefill leg, on a model with P/D roles."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    backend: Backend
-    ticket: RouteTicket
-    """The router's decision, settled by ``_forward`` once the request is sent and answered."""
-    uncached_tokens: int
-    kv_blocks: int
-
-    @property
-    def decision(self) -> RouteDecision:
-        return self.ticket.decision
 
 
 @dataclass
@@ -183,10 +172,7 @@ class Dispatcher:
             waiting_since = time.perf_counter()
             try:
                 with span("gateway.queue"):
-                    placement = await self.queue.admit(tenant.name, lambda: self._place(request, tried), priority)
-                    hold = placement.decision.hold
-                    if hold is not None:
-                        placement = await self._late_bind(request, tenant, tried, hold, priority)
+                    placement = await self.admit(request, tenant.name, tried, priority)
             except OpenAIError as exc:
                 if answered and exc.status == 503:
                     raise answered.client_error() from None
@@ -229,25 +215,28 @@ class Dispatcher:
             f"'{request.model}' failed on {len(tried)} replicas in a row; retry shortly", retry_after_s=1
         )
 
-    async def _late_bind(
-        self, request: RouteRequest, tenant: Tenant, tried: set[str], hold: Hold, priority: int
-    ) -> Placement:
-        """Wait for the owner (gateway/admission/held.py); past ``max_wait_s``, route as if never held."""
-        max_wait_s = self.router.config.late_binding.max_wait_s
-        placement = await self.held.wait(hold, max_wait_s, lambda: self._place_unheld(request, tried))
-        if placement is not None:
+    async def admit(self, request: RouteRequest, tenant: str, tried: set[str], priority: int = 0) -> Placement[Backend]:
+        """A place for the request, once one is free: through the admission queue, then, when routing
+        holds it for its busy owner, through late binding (gateway/routing/held_requests.py); past
+        ``max_wait_s`` there, it is routed as if never held."""
+        placement = await self.queue.admit(tenant, lambda: self._place(request, tried), priority)
+        hold = placement.decision.hold
+        if hold is None:
             return placement
-        return await self.queue.admit(tenant.name, lambda: self._place(request, tried, may_hold=False), priority)
+        max_wait_s = self.router.config.late_binding.max_wait_s
+        held = await self.held.wait(hold, max_wait_s, lambda: self._place_unheld(request, tried))
+        if held is not None:
+            return held
+        return await self.queue.admit(tenant, lambda: self._place(request, tried, may_hold=False), priority)
 
-    def _place_unheld(self, request: RouteRequest, tried: set[str]) -> Placement | None:
+    def _place_unheld(self, request: RouteRequest, tried: set[str]) -> Placement[Backend] | None:
         """A placement once routing no longer says to keep holding the request."""
         placement = self._place(request, tried)
         return placement if placement is not None and placement.decision.hold is None else None
 
-    def _place(self, request: RouteRequest, tried: set[str], may_hold: bool = True) -> Placement | None:
-        """A replica with a free slot and room for the request's KV blocks; None when all are full.
-
-        A decision to hold the request for its owner (late binding) comes back as is."""
+    def _place(self, request: RouteRequest, tried: set[str], may_hold: bool = True) -> Placement[Backend] | None:
+        """A replica with a free slot and room for the request's KV blocks, or a hold for its owner
+        (late binding); None when all are full (gateway/routing/placement.py)."""
         usable = [
             backend
             for backend in self.pool.usable(request.model)
@@ -256,23 +245,15 @@ class Dispatcher:
         if not usable:
             serving = f"adapter '{request.adapter}' of '{request.model}'" if request.adapter else f"'{request.model}'"
             raise service_unavailable(f"No healthy replica of {serving} is available.", retry_after_s=1)
-        candidates = [backend for backend in usable if backend.has_room]
-        while candidates:
-            with span("gateway.route"):
-                ticket = self.router.route(request, [backend.state() for backend in candidates], may_hold)
-            decision = ticket.decision
-            backend = self.pool.backends[decision.backend]
-            uncached = request.prompt_tokens - decision.predicted_cached_tokens
-            kv_blocks = blocks_needed(uncached, request.max_tokens, self.block_size)
-            if decision.hold is not None or backend.fits(kv_blocks):
-                return Placement(backend, ticket, uncached, kv_blocks)
-            candidates.remove(backend)
-        return None
+        with span("gateway.route"):
+            return place(
+                self.router, request, [backend for backend in usable if backend.has_room], self.block_size, may_hold
+            )
 
     async def _forward(
         self,
         request: RouteRequest,
-        placement: Placement,
+        placement: Placement[Backend],
         decision: RouteDecision,
         forwarding: Forwarding,
         answered: AnsweredErrors,
@@ -287,7 +268,6 @@ class Dispatcher:
         prefill is not counted, and its reported ``cached_tokens`` (transferred KV included) does
         not calibrate the router's prediction."""
         backend = placement.backend
-        ticket = placement.ticket
         native = forwarding.native if backend.spec.anthropic_messages else None
         eligible = disaggregable(forwarding.path, forwarding.body, native is not None)
         retry = decision.reason == RouteReason.RETRY
@@ -295,67 +275,63 @@ class Dispatcher:
         routed_decision, decision = decision, plan.decode_decision(decision)
         forwarding.progress.pd = plan.outcome
 
-        def routed() -> None:
-            self.router.on_routed(ticket, backend.name)
-
         outcome: UpstreamOutcome | None = None
         prefill_tokens = 0 if plan.prefill is not None else placement.uncached_tokens
+        flight = InFlight(self.router, placement, prefill_tokens)
+
+        def first_token() -> None:
+            flight.first_token()
+            self.held.notify(backend.name)
+
         try:
-            with backend.occupy(prefill_tokens, placement.kv_blocks) as prefill_done:
-
-                def first_token() -> None:
-                    prefill_done()
-                    self.held.notify(backend.name)
-
-                if forwarding.native is not None:
-                    forwarding.native.on_chosen(native is not None)
-                if native is not None:
-                    body = native.body
-                elif backend.takes_retention_hints:
-                    body = with_retention_hint(forwarding.body, retention_hint(request, decision))
-                else:
-                    body = without_retention_hint(forwarding.body)
-                forwarding.progress.decision = decision
-                if plan.prefill is not None:
-                    routed()  # the decode replica will hold the prompt's blocks however the leg ends
-                    body = await self._prefill_elsewhere(request, plan, decision, forwarding, body, answered)
-                    decision = forwarding.progress.decision = plan.decode_decision(routed_decision)
-                call = ProxyCall(
-                    client=self.upstream,
-                    url=f"{backend.spec.url}{native.path if native else forwarding.path}",
-                    body=body,
-                    stream=forwarding.stream,
-                    include_usage=forwarding.include_usage,
-                    headers={**forwarding.headers, **decision_headers(decision), **plan.headers()},
-                    timeouts=self.timeouts,
-                    max_tokens=request.max_tokens,
-                    prompt_tokens=request.prompt_tokens,
-                    on_first_token=first_token,
-                    on_sent=routed,
-                    upstream_headers={
-                        **backend.spec.upstream_headers(),
-                        **forwarding.upstream_headers,
-                        **plan.upstream_headers(request),
-                    },
-                    stream_format=native.stream_format if native else forwarding.stream_format,
-                    stream_response=native.stream_response if native else forwarding.stream_response,
-                    redactor=backend.redactor,
-                )
-                forwarding.progress.outcome = call.outcome
-                try:
-                    response, outcome = await forward(call, forwarding.client_request)
-                except asyncio.CancelledError:
-                    forwarding.progress.prefill_started = True
-                    raise
+            if forwarding.native is not None:
+                forwarding.native.on_chosen(native is not None)
+            if native is not None:
+                body = native.body
+            elif backend.takes_retention_hints:
+                body = with_retention_hint(forwarding.body, retention_hint(request, decision))
+            else:
+                body = without_retention_hint(forwarding.body)
+            forwarding.progress.decision = decision
+            if plan.prefill is not None:
+                flight.sent()  # the decode replica will hold the prompt's blocks however the leg ends
+                body = await self._prefill_elsewhere(request, plan, decision, forwarding, body, answered)
+                decision = forwarding.progress.decision = plan.decode_decision(routed_decision)
+            call = ProxyCall(
+                client=self.upstream,
+                url=f"{backend.spec.url}{native.path if native else forwarding.path}",
+                body=body,
+                stream=forwarding.stream,
+                include_usage=forwarding.include_usage,
+                headers={**forwarding.headers, **decision_headers(decision), **plan.headers()},
+                timeouts=self.timeouts,
+                max_tokens=request.max_tokens,
+                prompt_tokens=request.prompt_tokens,
+                on_first_token=first_token,
+                on_sent=flight.sent,
+                upstream_headers={
+                    **backend.spec.upstream_headers(),
+                    **forwarding.upstream_headers,
+                    **plan.upstream_headers(request),
+                },
+                stream_format=native.stream_format if native else forwarding.stream_format,
+                stream_response=native.stream_response if native else forwarding.stream_response,
+                redactor=backend.redactor,
+            )
+            forwarding.progress.outcome = call.outcome
+            try:
+                response, outcome = await forward(call, forwarding.client_request)
+            except asyncio.CancelledError:
+                forwarding.progress.prefill_started = True
+                raise
         except UpstreamFailed as exc:
             if not isinstance(exc, UpstreamAnswered):
                 backend.breaker.record_failure()
             raise
         finally:
-            routed()
             ok = outcome is not None and outcome.completed
             cached = outcome.usage.cached_tokens if outcome and outcome.usage and plan.params is None else None
-            self.router.on_finished(ticket, cached, ok=ok)
+            flight.finish(cached, ok)
             self._freed(backend.name)
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()

@@ -24,7 +24,7 @@ from gateway.front_end import FrontEnd
 from gateway.gateway_request import GatewayRequest
 from gateway.openai_request import Endpoint
 from gateway.request_path import parse_json_body, prepare_route
-from gateway.state import GATEWAY, Gateway
+from gateway.wiring.state import GATEWAY, Gateway
 from protocol.trace_context import continue_trace
 from protocol.tracing import remote_parent, span, tracing_enabled
 

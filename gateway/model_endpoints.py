@@ -5,7 +5,7 @@ from aiohttp import web
 
 from gateway.errors import OpenAIError, error_response, model_not_found
 from gateway.handler import client_request_id
-from gateway.state import GATEWAY, Gateway
+from gateway.wiring.state import GATEWAY, Gateway
 
 
 async def retrieve_model(request: web.Request) -> web.Response:

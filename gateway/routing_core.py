@@ -1,6 +1,6 @@
-"""The parts of the gateway a request's path reads, as a protocol: ``gateway.state.Gateway`` is one.
+"""The parts of the gateway a request's path reads, as a protocol: ``gateway.wiring.state.Gateway`` is one.
 
-Only the app factories (``gateway/app.py``, the picker's ``gateway/epp/server.py``) build the
+Only the app factories (``gateway/wiring/app.py``, the picker's ``gateway/epp/server.py``) build the
 Gateway; ``gateway/request_path.py`` and the picker's modules are handed it through this type, as
 the layering asks (tests/test_layers.py).
 """

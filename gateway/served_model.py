@@ -5,64 +5,20 @@ backend declares (`adapters:`) or lists in its /v1/models; the registry resolves
 ``ModelTarget``.
 """
 
-import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.block_hash_memo import BlockHashMemo
 from gateway.config import KvgateConfig
 from gateway.errors import bad_request, model_not_found
 from gateway.openai_request import Endpoint, ParsedRequest
-from normalize.chat_tokenizer import ChatTokenizer, TemplateError
-from normalize.model_files import ModelNotFoundError
+from normalize.chat_tokenizer import TemplateError
 from normalize.normalizer import Normalizer
-from normalize.segment_tokenizer import EncodedPrompt, SegmentTokenizer
-from normalize.text_blocks import CHUNK_CHARS, approximate_chat_text, approximate_token_ids
+from normalize.prompt_tokenizer import PromptTokenizer, load_tokenizer
+from normalize.segment_tokenizer import EncodedPrompt
 from protocol.openai import ResponsesRequest, responses_chat_tools, responses_messages, validate
-
-log = logging.getLogger("kvgate.models")
-
-APPROXIMATE = "approximate"
-"""The `tokenizer:` value that asks for text-block hashing instead of the model's tokenizer."""
-
-
-class PromptTokenizer(Protocol):
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str: ...
-
-    def min_tokens(self, text: str) -> int:
-        """A lower bound on the tokens of ``text``, far cheaper than tokenizing it."""
-        ...
-
-    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """A lower bound on the tokens of the rendered chat, before rendering it."""
-        ...
-
-    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> EncodedPrompt:
-        """Token ids of a prompt or rendered chat; ``salt`` keys any cache per isolation domain."""
-        ...
-
-
-class ApproximateTokenizer:
-    """Pseudo-tokens from the normalized text, for backends whose tokenizer is not available here.
-
-    Prefix matches are then estimates (see normalize/text_blocks.py), never token-exact.
-    """
-
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return approximate_chat_text(messages, tools)
-
-    def min_tokens(self, text: str) -> int:
-        return math.ceil(len(text) / CHUNK_CHARS)
-
-    def min_chat_tokens(self, messages: list[dict[str, Any]]) -> int:
-        chars = sum(len(message["content"]) for message in messages if isinstance(message.get("content"), str))
-        return math.ceil(chars / CHUNK_CHARS)
-
-    async def encode_prompt_async(self, prompt: str, salt: str | None = None) -> EncodedPrompt:
-        return EncodedPrompt(approximate_token_ids(prompt))
 
 
 @dataclass
@@ -149,17 +105,6 @@ class ModelTarget:
     def upstream_name(self) -> str:
         """The `model` the backend is sent: the adapter's name, else the served model's (aliases resolved)."""
         return self.adapter or self.served.name
-
-
-def load_tokenizer(model: str, tokenizer: str | None) -> PromptTokenizer:
-    """The model's own tokenizer, or approximate text blocks when asked for or when none is found."""
-    if tokenizer == APPROXIMATE:
-        return ApproximateTokenizer()
-    try:
-        return SegmentTokenizer(ChatTokenizer.load(tokenizer or model))
-    except ModelNotFoundError as exc:
-        log.warning("no local tokenizer for %s (%s): routing on approximate text blocks", model, exc)
-        return ApproximateTokenizer()
 
 
 class ModelRegistry:

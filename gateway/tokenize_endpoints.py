@@ -18,7 +18,7 @@ from gateway.admission.input_limits import check_input
 from gateway.errors import OpenAIError, bad_request, error_response
 from gateway.handler import client_request_id, read_json
 from gateway.served_model import ServedModel
-from gateway.state import GATEWAY, Gateway
+from gateway.wiring.state import GATEWAY, Gateway
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.segment_tokenizer import SegmentTokenizer
 from normalize.tokenizer_api import detokenize_body, tokenize_body, tokenize_text, tokenizer_info

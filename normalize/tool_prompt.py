@@ -5,7 +5,7 @@ definitions go into the system message instead, each as one JSON line inside ``<
 with the instruction to answer with ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``;
 earlier assistant ``tool_calls`` become that text in the assistant's turn, and ``tool`` results a
 user turn inside ``<tool_response></tool_response>``. The engine's ``auto`` parser reads the same
-format back (``engine/tool_parser.py``). Gateway and engine both render through here, so the
+format back (``engine/server/tool_parser.py``). Gateway and engine both render through here, so the
 gateway hashes the tokens the engine computes.
 """
 

@@ -73,12 +73,12 @@ class GenerationRequest(_Strict):
     ignore_eos: bool = False
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     kvgate_session: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    """The client's session key, forwarded by the gateway: a retention hint (engine/session_retention.py)."""
+    """The client's session key, forwarded by the gateway: a retention hint (engine/core/session_retention.py)."""
     kvgate_session_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     """How long the session's turn is retained (the gateway's reading of ``prompt_cache_retention`` or
     Anthropic's ``cache_control.ttl``); None: the engine's ``--session-ttl-s``."""
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    """OpenAI's: ``in_memory`` is the engine's session TTL, ``24h`` a 24 h one (engine/session_hint.py)."""
+    """OpenAI's: ``in_memory`` is the engine's session TTL, ``24h`` a 24 h one (engine/core/session_hint.py)."""
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -70,7 +70,7 @@ import numpy.typing as npt
 from radix.node_store import BYTES_PER_NODE, BlockHash, NodeIds, NodeStore
 
 BYTES_PER_ENTRY = 8
-"""Touch-log references (4 B each, about two per held block). bench/index_cost.py measures
+"""Touch-log references (4 B each, about two per held block). bench/micro/index_cost.py measures
 156 B per block at 1.03 entries per block."""
 COMPACT_RATIO = 2
 """A replica's touch log is compacted when it references more than this many times its blocks."""
@@ -200,7 +200,7 @@ class PrefixIndex:
         return sum(self._store.held)
 
     def approx_bytes(self) -> int:
-        """Memory held, from the per-node and per-entry costs that bench/index_cost.py measures."""
+        """Memory held, from the per-node and per-entry costs that bench/micro/index_cost.py measures."""
         return len(self._store.nodes) * BYTES_PER_NODE + self.entries * BYTES_PER_ENTRY
 
     def blocks(self, replica: str) -> int:

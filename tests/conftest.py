@@ -23,12 +23,12 @@ TESTS = Path(__file__).resolve().parent
 HEAVY_IMPORTS = (
     "subprocess",
     "multiprocessing",
-    "bench.processes.launch",
-    "bench.processes.module_command",
-    "bench.processes.kvgate_command",
-    "engine.model_runner",
-    "engine.loader",
-    "engine.llama",
+    "bench.harness.processes.launch",
+    "bench.harness.processes.module_command",
+    "bench.harness.processes.kvgate_command",
+    "engine.model.model_runner",
+    "engine.model.loader",
+    "engine.model.llama",
     "transformers",
     "torch",
 )

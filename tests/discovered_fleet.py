@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import http_ok, launch, wait_ready
+from bench.harness.processes import http_ok, launch, wait_ready
 from tests.procs import ManagedProcess, free_port, http, kvgate_cmd, start_gateway
 
 MODEL = "smollm2-135m"

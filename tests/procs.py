@@ -6,7 +6,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.processes import REPO, Process, free_port, http_ok, kvgate_command, launch, wait_ready
+from bench.harness.processes import REPO, Process, free_port, http_ok, kvgate_command, launch, wait_ready
 
 __all__ = ["REPO", "ManagedProcess", "free_port", "http", "kvgate_cmd", "start", "start_engine", "start_gateway"]
 
@@ -14,7 +14,7 @@ kvgate_cmd = kvgate_command
 
 
 class ManagedProcess(Process):
-    """A child process serving HTTP on 127.0.0.1:port (see bench/processes.py), plus what tests need."""
+    """A child process serving HTTP on 127.0.0.1:port (see bench/harness/processes.py), plus what tests need."""
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

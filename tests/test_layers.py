@@ -10,9 +10,9 @@ The bottom packages may import a package below them and nothing else: ``planner`
 files through ``normalize``; ``normalize`` and ``radix`` may use the wire contracts of
 ``protocol``. Imports under ``if TYPE_CHECKING:`` count too: a type is a dependency.
 
-Inside the gateway, only the app factories (``gateway/app.py``; the endpoint picker's
-``gateway/epp/server.py``) and modules of request handlers
-(an ``async def`` taking a ``web.Request``) import the composition root, ``gateway/state.py``;
+Inside the gateway, only the app factories (``gateway/wiring/app.py`` and its ``/admin`` sub-app's
+``gateway/admin/app.py``; the endpoint picker's ``gateway/epp/server.py``) and modules of request handlers
+(an ``async def`` taking a ``web.Request``) import the composition root, ``gateway/wiring/state.py``;
 every other part gets the parts it reads passed in.
 
 No product module imports itself back through any chain of imports (``TYPE_CHECKING`` included):
@@ -124,9 +124,9 @@ def upward_imports(root: Path = REPO) -> list[str]:
     return found
 
 
-COMPOSITION_ROOT = "gateway.state"
-APP_FACTORIES = {"gateway/app.py", "gateway/epp/server.py"}
-"""The HTTP gateway's app factory and the endpoint picker's composition root."""
+COMPOSITION_ROOT = "gateway.wiring.state"
+APP_FACTORIES = {"gateway/wiring/app.py", "gateway/admin/app.py", "gateway/epp/server.py"}
+"""The HTTP gateway's app factory, its ``/admin`` sub-app's, and the endpoint picker's composition root."""
 
 
 def serves_requests(path: Path) -> bool:
@@ -167,9 +167,9 @@ def test_only_the_app_factory_and_request_handlers_import_the_composition_root()
 
 def test_the_walk_finds_a_part_that_reaches_into_the_composition_root(tmp_path: Path) -> None:
     (tmp_path / "gateway").mkdir()
-    (tmp_path / "gateway" / "collector.py").write_text("from gateway.state import GATEWAY\n")
+    (tmp_path / "gateway" / "collector.py").write_text("from gateway.wiring.state import GATEWAY\n")
     (tmp_path / "gateway" / "routes.py").write_text(
-        "from aiohttp import web\nfrom gateway.state import GATEWAY\n\n"
+        "from aiohttp import web\nfrom gateway.wiring.state import GATEWAY\n\n"
         "async def handle(request: web.Request) -> web.Response:\n    return web.json_response(request.app[GATEWAY])\n"
     )
     assert composition_root_importers(tmp_path) == ["gateway/collector.py"]
@@ -179,11 +179,14 @@ def test_the_walk_finds_upward_imports(tmp_path: Path) -> None:
     """The check can fail: imports up the layers, sideways and under an ``if`` are all seen."""
     (tmp_path / "radix").mkdir()
     (tmp_path / "radix" / "bad.py").write_text(
-        "import os\nfrom radix.hashing import block_hashes\nif True:\n    from gateway.state import GATEWAY\n"
+        "import os\nfrom radix.hashing import block_hashes\nif True:\n    from gateway.wiring.state import GATEWAY\n"
     )
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "bad.py").write_text("import gateway.config as config\nfrom planner import load\n")
-    assert upward_imports(tmp_path) == ["engine/bad.py imports gateway.config", "radix/bad.py imports gateway.state"]
+    assert upward_imports(tmp_path) == [
+        "engine/bad.py imports gateway.config",
+        "radix/bad.py imports gateway.wiring.state",
+    ]
 
 
 def test_no_import_cycle() -> None:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from bench.processes import Process, free_port, http_ok, kvgate_command, launch, wait_ready
+from bench.harness.processes import Process, free_port, http_ok, kvgate_command, launch, wait_ready
 
 
 def start_engine(log_dir: Path, *flags: str, timeout_s: float = 180.0) -> Process:

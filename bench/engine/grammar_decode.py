@@ -19,13 +19,13 @@ import time
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.grammar import GrammarCompiler
-from engine.llm_engine import LLMEngine
-from engine.metrics import EngineMetrics
-from engine.model_runner import TorchModelRunner
-from engine.runner_api import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.block_manager import BlockManager
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import Scheduler
+from engine.model.grammar import GrammarCompiler
+from engine.model.model_runner import TorchModelRunner
+from engine.model.runner_api import SamplingParams
+from engine.server.metrics import EngineMetrics
 from normalize.chat_tokenizer import ChatTokenizer
 
 MODEL = "smollm2-135m"

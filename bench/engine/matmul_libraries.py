@@ -1,9 +1,9 @@
 """How fast MKL and oneDNN multiply the engine's matrices on this CPU, in GFLOP/s.
 
 PyTorch sends a float32 ``mm`` (and ``F.linear``, ``bmm``, and the CPU flash kernel's inner
-products) to MKL; ``engine.onednn.matmul_nt`` goes to oneDNN. On the AMD EPYC dev VM MKL's float32
+products) to MKL; ``engine.model.onednn.matmul_nt`` goes to oneDNN. On the AMD EPYC dev VM MKL's float32
 products ran at less than half oneDNN's speed, which is why the engine's linear layers and its
-float32 prefill attention (``engine.matmul_attention``) use oneDNN (``bench/VLLM.md``). On another
+float32 prefill attention (``engine.model.matmul_attention``) use oneDNN (``bench/VLLM.md``). On another
 CPU (an Intel one, where MKL takes its AVX-512 path) rerun this to see whether that still holds;
 the step-level effect is measured by ``bench.engine.step_profile``.
 
@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 from bench.engine.step_profile import cpu_seconds
-from engine.onednn import matmul_nt
+from engine.model.onednn import matmul_nt
 
 SHAPES = {
     "Q·Kᵀ  [384x64]·[64x1536]": (384, 64, 1536),

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from bench.engine.engine_process import start_engine
-from bench.loadgen import RequestResult, Target, run_load
+from bench.harness.loadgen import RequestResult, Target, run_load
 from bench.workloads.types import BenchRequest
 
 MODEL = "smollm2-135m"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.engine.engine_process import start_engine
 from bench.engine.prefix_ttft import MODEL, trial_requests
-from bench.loadgen import Target, run_load
+from bench.harness.loadgen import Target, run_load
 
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 

@@ -32,8 +32,8 @@ import time
 import numpy as np
 import torch
 
-from engine.model_runner import TorchModelRunner
-from engine.runner_api import SamplingParams, SeqChunk
+from engine.model.model_runner import TorchModelRunner
+from engine.model.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_sim_costs(cold_s: float, cached_s: float, decode_grid: list[tuple[int, int, float]]) -> None:
-    """Least-squares fit of ``engine.sim_runner.SimCosts`` constants to the best times."""
+    """Least-squares fit of ``engine.sim.sim_runner.SimCosts`` constants to the best times."""
     per_token = cold_s / 2000
     per_token_context = max(cached_s - 100 * per_token, 0.0) / (100 * 1900)
     rows = np.array([[1.0, batch, batch * context] for batch, context, _ in decode_grid])

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.lora_modules import LoRAModule, check_modules
-from engine.model_runner import TorchModelRunner
-from engine.runner_api import SamplingParams, SeqChunk
+from engine.model.lora_modules import LoRAModule, check_modules
+from engine.model.model_runner import TorchModelRunner
+from engine.model.runner_api import SamplingParams, SeqChunk
 from radix.blocks import blocks_for
 
 GREEDY = SamplingParams(temperature=0.0)

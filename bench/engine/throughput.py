@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.engine.engine_process import start_engine
-from bench.loadgen import Target, run_load
+from bench.harness.loadgen import Target, run_load
 from bench.workloads.types import BenchRequest
 from radix.blocks import blocks_for
 
@@ -80,7 +80,7 @@ def run_transformers(prompts: list[list[int]], output_tokens: int, threads: int,
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    from engine.loader import load_model
+    from engine.model.loader import load_model
     from normalize.model_files import resolve_model
 
     torch.set_num_threads(threads)

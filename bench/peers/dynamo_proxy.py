@@ -4,7 +4,7 @@ select_service only chooses: it takes token ids and answers which worker to send
 proxy does the rest, as Dynamo's own frontend would:
 
 1. tokenizes the request exactly as the bundled engine does (``normalize.chat_tokenizer``, the
-   chat template included: ``engine/openai_checks.py`` renders prompts with the same code);
+   chat template included: ``engine/server/openai_checks.py`` renders prompts with the same code);
 2. ``POST /select_and_reserve`` with those token ids (the reservation counts the request as
    active prefill load on the chosen worker);
 3. forwards the body unchanged to the chosen worker's endpoint and streams the answer back;

@@ -1,6 +1,6 @@
 """NVIDIA Dynamo's runtime-free KV router (``python -m dynamo.select_service``) as a peer process.
 
-It runs from its own venv (``ai-dynamo-runtime``, see bench/contenders.py for where), needs no
+It runs from its own venv (``ai-dynamo-runtime``, see bench/harness/contenders.py for where), needs no
 etcd or NATS, and learns each replica's cache from the replica's ZMQ KV events in vLLM's format:
 ``register_worker`` gives it the replica's HTTP endpoint, event socket and replay socket. It is
 started with its defaults (its cost function: prefill load scale 1.0, overlap credit 1.0, decode
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.processes import Process, free_port, http_ok, launch, wait_ready
+from bench.harness.processes import Process, free_port, http_ok, launch, wait_ready
 
 SELECT_MODULE = "dynamo.select_service"
 

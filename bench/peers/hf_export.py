@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.peers.vllm_peer import default_hf_folder
-from engine.loader import load_model
+from engine.model.loader import load_model
 from normalize.model_files import resolve_model, tokenizer_dir
 
 DEFAULT_MODEL = "smollm2-135m"

@@ -29,8 +29,8 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.processes import Process, free_port, http_body, kvgate_command, launch, wait_ready
 from bench.peers.vllm_peer import VllmOptions, require_vllm, running_vllm, vllm_options_on_free_ports
-from bench.processes import Process, free_port, http_body, kvgate_command, launch, wait_ready
 
 BACKEND = "vllm"
 KVGATE_BLOCK_SIZE = 16

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 
-from bench.contenders import PEERS_DIR_ENV, peers_dir
-from bench.processes import Process, free_port, http_ok, launch, wait_ready
+from bench.harness.contenders import PEERS_DIR_ENV, peers_dir
+from bench.harness.processes import Process, free_port, http_ok, launch, wait_ready
 
 INSTALL_HINT = """\
 vLLM for CPU is not installed in {venv}. Install it into its own venv (about 3.4 GB):

@@ -5,7 +5,7 @@ where stale in-flight counts sent a whole burst to one pod): a prompt nobody hol
 first request's placement decides where the prefix will live, and the rest arrive before any
 KV event or load report says where that is. A background of shared-prefix traffic (a few
 system prompts at a steady Poisson rate) keeps the replicas' caches and queues warm before and
-after the burst. Burst requests are in group ``burst``; ``bench/burst_report.py`` reports where
+after the burst. Burst requests are in group ``burst``; ``bench/harness/burst_report.py`` reports where
 each router sent them.
 """
 

@@ -2,7 +2,7 @@
 
 Without ``shared_state``, each worker counting on its own would let N times every cap through.
 So each worker asks the parent over a unix socket (gateway/admission/parent_wire.py,
-gateway/workers/limit_server.py): one local round trip per take, tens of microseconds, and
+gateway/process/workers/limit_server.py): one local round trip per take, tens of microseconds, and
 frees and give-backs are sent without waiting. The parent frees a dead worker's slots when its
 connection closes.
 

@@ -14,7 +14,7 @@ from gateway.anthropic.request import prompt_body
 from gateway.errors import OpenAIError
 from gateway.handler import client_request_id, handle_completion, read_json
 from gateway.openai_request import Endpoint, parse_request
-from gateway.state import GATEWAY
+from gateway.wiring.state import GATEWAY
 from protocol.anthropic import CountTokensRequest, validate_anthropic
 
 

@@ -297,7 +297,7 @@ class BackendPool:
         if report is None:
             report = await read_vllm_load(session, url, timeout, headers)
         if report is not None and backend.spec.load_events is None:
-            backend.load.stale_after_s = 3 * self.health.interval_s + self.health.timeout_s
+            backend.load.stale_after_s = self.health.report_stale_after_s
             backend.load.on_report(report)
 
     async def _drop_drained(self) -> None:

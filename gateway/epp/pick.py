@@ -22,12 +22,15 @@ from multidict import CIMultiDictProxy
 from gateway.admission.forwarded_body import with_retention_hint, without_retention_hint
 from gateway.admission.kv_blocks import check_fits_some_replica
 from gateway.admission.limiter import TokenCharge
+from gateway.backends.pool import Backend
 from gateway.backends.proxy import UpstreamOutcome
-from gateway.dispatch import Dispatched, Placement, decision_headers, tokens_used
+from gateway.dispatch import Dispatched, decision_headers, tokens_used
 from gateway.epp.placement import address, place
 from gateway.epp.request_path import PreparedRequest, endpoint_of, prepare
 from gateway.errors import OpenAIError
 from gateway.gateway_request import GatewayRequest
+from gateway.in_flight import InFlight
+from gateway.routing.placement import Placement
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing_core import RoutingCore
 
@@ -38,7 +41,8 @@ _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 class Pick:
     core: RoutingCore
     req: GatewayRequest
-    placement: Placement
+    placement: Placement[Backend]
+    flight: InFlight
     prepared: PreparedRequest
     charge: TokenCharge
     held: AsyncExitStack
@@ -60,7 +64,7 @@ class Pick:
 
     def sent(self) -> None:
         """The pick is on its way to Envoy: the router counts the request on its replica from now on."""
-        self.core.router.on_routed(self.placement.ticket, self.placement.backend.name)
+        self.flight.sent()
 
     def served_by(self, endpoint: str) -> None:
         """The data plane reports the endpoint that served the request: when it is a fallback, the
@@ -77,7 +81,7 @@ class Pick:
         route = self.prepared.route
         try:
             cached = outcome.usage.cached_tokens if outcome.usage else None
-            core.router.on_finished(placement.ticket, cached, ok=outcome.completed)
+            self.flight.finish(cached, ok=outcome.completed)
             sent = placement.ticket.sent_to is not None
             self.charge.used = tokens_used(route, outcome, self.charge.taken, prefill_started=sent)
             if outcome.completed:
@@ -117,8 +121,8 @@ async def pick(
         waiting_since = time.perf_counter()
         placement = await core.queue.admit(tenant.name, lambda: place(core, route, subset), priority)
         queued_s = time.perf_counter() - waiting_since
-        held.enter_context(placement.backend.occupy(placement.uncached_tokens, placement.kv_blocks))
-        held.callback(core.router.on_finished, placement.ticket, None, False)
+        flight = InFlight(core.router, placement, placement.uncached_tokens)
+        held.callback(flight.finish, None, False)
         ranked = [core.pool.backends[name] for name in placement.decision.ranked if name in core.pool.backends]
         endpoints = ",".join(dict.fromkeys(address(backend) for backend in ranked[: fallbacks + 1]))
         body = _forwarded(prepared, placement)
@@ -133,10 +137,10 @@ async def pick(
     except BaseException:
         await held.aclose()
         raise
-    return Pick(core, req, placement, prepared, charge, held, queued_s, endpoints, body)
+    return Pick(core, req, placement, flight, prepared, charge, held, queued_s, endpoints, body)
 
 
-def _forwarded(prepared: PreparedRequest, placement: Placement) -> bytes | None:
+def _forwarded(prepared: PreparedRequest, placement: Placement[Backend]) -> bytes | None:
     """The body for the picked replica, with its retention hint as the dispatcher gives it; None when
     it is the client's unchanged."""
     if placement.backend.takes_retention_hints:

@@ -1,8 +1,9 @@
 """Where a picked request goes: the dispatcher's placement rule, within the data plane's subset hint.
 
-The rule is ``Dispatcher._place``'s (gateway/dispatch.py): among the usable replicas of the model
-(and adapter) with a free slot, the router ranks; the first that has room for the request's KV
-blocks is the placement, else the admission queue waits for room. Two differences, both from the
+The rule is the gateway's one placement rule (gateway/routing/placement.py), as the dispatcher
+applies it: among the usable replicas of the model (and adapter) with a free slot, the router
+ranks; the first that has room for the request's KV blocks is the placement, else the admission
+queue waits for room. Two differences, both from the
 protocol: only replicas in the subset hint are eligible (none: 503, GIE's
 docs/proposals/004-endpoint-picker-protocol/README.md), and late binding never holds a request,
 since the picker answers Envoy once and cannot re-route a request it has already handed over.
@@ -10,10 +11,9 @@ since the picker answers Envoy once and cannot re-route a request it has already
 
 from urllib.parse import urlsplit
 
-from gateway.admission.kv_blocks import blocks_needed
 from gateway.backends.pool import Backend
-from gateway.dispatch import Placement
 from gateway.errors import service_unavailable
+from gateway.routing import placement
 from gateway.routing.types import RouteRequest
 from gateway.routing_core import RoutingCore
 
@@ -23,7 +23,9 @@ def address(backend: Backend) -> str:
     return urlsplit(backend.spec.url).netloc
 
 
-def place(core: RoutingCore, request: RouteRequest, subset: frozenset[str] | None) -> Placement | None:
+def place(
+    core: RoutingCore, request: RouteRequest, subset: frozenset[str] | None
+) -> placement.Placement[Backend] | None:
     """A replica with a free slot and room for the request's KV blocks; None when all are full.
 
     503 when no replica of the model is usable, or none of the subset is."""
@@ -37,12 +39,4 @@ def place(core: RoutingCore, request: RouteRequest, subset: frozenset[str] | Non
         serving = f"adapter '{request.adapter}' of '{request.model}'" if request.adapter else f"'{request.model}'"
         raise service_unavailable(f"No healthy replica of {serving} is available{where}.", retry_after_s=1)
     candidates = [backend for backend in usable if backend.has_room]
-    while candidates:
-        ticket = core.router.route(request, [backend.state() for backend in candidates], may_hold=False)
-        backend = core.pool.backends[ticket.decision.backend]
-        uncached = request.prompt_tokens - ticket.decision.predicted_cached_tokens
-        kv_blocks = blocks_needed(uncached, request.max_tokens, core.config.block_size)
-        if backend.fits(kv_blocks):
-            return Placement(backend, ticket, uncached, kv_blocks)
-        candidates.remove(backend)
-    return None
+    return placement.place(core.router, request, candidates, core.config.block_size, may_hold=False)

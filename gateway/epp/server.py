@@ -1,6 +1,6 @@
 """`kvgate epp -c config.yaml [--grpc-port 9002] [--health-port 9003]`: the picker's process.
 
-This module is the picker's composition root (as gateway/app.py is the HTTP gateway's): it builds
+This module is the picker's composition root (as gateway/wiring/app.py is the HTTP gateway's): it builds
 the same ``Gateway`` from the config, then serves the ext_proc service and gRPC health on the
 gRPC port, gRPC health alone on the health port (GIE's EPP ports), and the gateway's /metrics,
 dashboard and /admin endpoints over HTTP on the metrics port (GIE's is 9090).
@@ -22,13 +22,14 @@ from envoy.service.ext_proc.v3.external_processor_pb2_grpc import add_ExternalPr
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from gateway.app import admin_app, openai_errors
-from gateway.background_threads import install_background_executor
+from gateway.admin.app import admin_app
 from gateway.config import KvgateConfig
 from gateway.epp.service import EndpointPicker
 from gateway.observability.routes import add_routes as add_observability_routes
-from gateway.server import add_config_flags, load_command_config
-from gateway.state import GATEWAY, Gateway
+from gateway.process.background_threads import install_background_executor
+from gateway.process.server import add_config_flags, load_command_config
+from gateway.wiring.app import openai_errors
+from gateway.wiring.state import GATEWAY, Gateway
 
 log = logging.getLogger("kvgate.epp")
 

@@ -38,7 +38,7 @@ FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 PICKING_MODES = (ProcessingMode.BUFFERED, ProcessingMode.BUFFERED_PARTIAL, FULL_DUPLEX)
 """Request body modes in which Envoy holds the request until the picker has answered on its body."""
 MAX_BODY_BYTES = 8 << 20
-"""The largest request body the picker reads, as the HTTP gateway's ``client_max_size`` (gateway/app.py)."""
+"""The largest request body the picker reads, as the HTTP gateway's ``client_max_size`` (gateway/wiring/app.py)."""
 
 
 class ExtProcStream:

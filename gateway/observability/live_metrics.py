@@ -5,11 +5,11 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.admission.held import HeldRequests
 from gateway.admission.queue import AdmissionQueue
 from gateway.backends.circuit_breaker import BreakerState
 from gateway.backends.pool import BackendPool
 from gateway.observability.saturation import saturation_by_model
+from gateway.routing.held_requests import HeldRequests
 from gateway.routing.router import Router
 from radix.kv_event_subscriber import SubscriberStats
 

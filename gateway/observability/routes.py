@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.admission.auth import require_admin
 from gateway.observability.dashboard_stats import dashboard_stats
-from gateway.state import GATEWAY
+from gateway.wiring.state import GATEWAY
 
 STATIC_DIR = Path(__file__).parent / "dashboard" / "static"
 

@@ -11,15 +11,15 @@ line's head, the request with the fewest prompt tokens left to compute there
 there (the owner is within target again, or no longer slower than the others by more than the
 target), and keeps waiting otherwise. After ``max_wait_s`` it is routed as if never held.
 
-``hold_for_owner`` decides (a pure function of one routing decision); ``HoldLine`` is the
-order, shared by the gateway (``HeldRequests``, gateway/admission/held.py) and ``kvgate bench
-simulate``.
+``hold_for_owner`` decides (a pure function of one routing decision); ``HoldLines`` keeps the
+lines and counts how requests leave them, free of clocks: the gateway drives it in real time
+(``HeldRequests``, gateway/routing/held_requests.py) and ``kvgate bench simulate`` in virtual time.
 """
 
 import heapq
 import itertools
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
 
 from gateway.routing.context import RouteContext
 from gateway.routing.types import Hold
@@ -49,6 +49,8 @@ _ARRIVALS = itertools.count()
 @dataclass(eq=False)
 class HeldEntry(Generic[T]):
     item: T
+    since: float = 0.0
+    """When it was held, on its driver's clock."""
     gone: bool = False
 
 
@@ -62,8 +64,8 @@ class HoldLine(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    def push(self, uncached_tokens: int, item: T) -> HeldEntry[T]:
-        entry = HeldEntry(item)
+    def push(self, uncached_tokens: int, item: T, since: float = 0.0) -> HeldEntry[T]:
+        entry = HeldEntry(item, since)
         heapq.heappush(self._heap, (uncached_tokens, next(_ARRIVALS), entry))
         self._size += 1
         return entry
@@ -79,3 +81,68 @@ class HoldLine(Generic[T]):
             entry.gone = True
             self._size -= 1
             self.head()
+
+
+LeftHow = Literal["released", "timed_out", "gone"]
+"""How a held request left its line: placed on the owner, its wait was up, or its client left."""
+
+
+@dataclass
+class HeldStats:
+    """Requests held, how they left, and how long they waited in all."""
+
+    held: int = 0
+    released: int = 0
+    timed_out: int = 0
+    gone: int = 0
+    wait_s_total: float = 0.0
+    held_by_owner: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def left(self) -> int:
+        return self.released + self.timed_out + self.gone
+
+
+class HoldLines(Generic[T]):
+    """Every owner's line of held requests; the driver says when (``now``) and tries the heads."""
+
+    def __init__(self) -> None:
+        self._lines: dict[str, HoldLine[T]] = {}
+        self._stats = HeldStats()
+
+    def __len__(self) -> int:
+        return sum(len(line) for line in self._lines.values())
+
+    def owners(self) -> list[str]:
+        return list(self._lines)
+
+    def hold(self, owner: str, uncached_tokens: int, item: T, now: float) -> HeldEntry[T]:
+        self._stats.held += 1
+        return self._lines.setdefault(owner, HoldLine()).push(uncached_tokens, item, now)
+
+    def head(self, owner: str) -> HeldEntry[T] | None:
+        """The request of ``owner``'s line that tries to get placed next."""
+        line = self._lines.get(owner)
+        return line.head() if line is not None else None
+
+    def leave(self, owner: str, entry: HeldEntry[T], how: LeftHow, now: float) -> None:
+        """Take ``entry`` out of ``owner``'s line and count how it left; a second call does nothing."""
+        line = self._lines.get(owner)
+        if line is None or entry.gone:
+            return
+        line.remove(entry)
+        if not line:
+            del self._lines[owner]
+        stats = self._stats
+        if how == "released":
+            stats.released += 1
+        elif how == "timed_out":
+            stats.timed_out += 1
+        else:
+            stats.gone += 1
+        stats.wait_s_total += now - entry.since
+
+    def stats(self) -> HeldStats:
+        stats = self._stats
+        stats.held_by_owner = {owner: len(line) for owner, line in self._lines.items()}
+        return stats

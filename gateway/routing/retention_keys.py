@@ -3,7 +3,7 @@ client session key.
 
 A follow-up turn routed to the owner of its private prefix is evidence of a conversation that
 comes back; most one-shot prompts never do. The engine keeps a session's latest turn past one-shot
-blocks (engine/session_retention.py), keyed by the session, each turn replacing the one before.
+blocks (engine/core/session_retention.py), keyed by the session, each turn replacing the one before.
 Without a client key the gateway names the conversation by its first private block: the first
 block past both what every candidate replica holds and the deepest branch point of its match, a
 block where more than one recent request's cached match ended (a shared system prompt's end, where
@@ -14,7 +14,7 @@ instead of pinning it too.
 Every key that reaches an engine is scoped (``scoped_key``): a digest of the tenant, the cache salt,
 the key's kind and the key, structured (msgpack) so no client string can pass for another field,
 behind the tenant's namespace. Two tenants that send the same ``x-session-id`` get two sessions,
-and the engine shares its retention out fairly between namespaces (engine/session_retention.py).
+and the engine shares its retention out fairly between namespaces (engine/core/session_retention.py).
 """
 
 import hashlib
@@ -28,7 +28,7 @@ from radix.hashing import BlockHash
 KEY_PREFIX = "prefix:"
 """Marks an inferred key (before it is scoped), so it never equals a client's."""
 NAMESPACE_SEPARATOR = ":"
-"""Ends the namespace in a ``kvgate_session``; the engine reads the same (engine/session_retention.py)."""
+"""Ends the namespace in a ``kvgate_session``; the engine reads the same (engine/core/session_retention.py)."""
 CLIENT, INFERRED = "client", "inferred"
 """The kinds of key: one the client named, one the router inferred."""
 

@@ -91,7 +91,7 @@ class RouteDecision:
     backend: str
     reason: RouteReason | str
     """kvgate's router always gives a ``RouteReason``; only the simulator's peer models
-    (bench/simulate.py: direct round robin, sglang-router's) name their own."""
+    (bench/sim/simulate.py: direct round robin, sglang-router's) name their own."""
     predicted_cached_tokens: int
     ranked: list[str]
     """Every eligible replica, best first (``ranked[0] == backend``), for diagnostics; a retry routes

@@ -11,8 +11,8 @@ import pytest
 from gateway.admission.parent_limiter import ParentLimiter
 from gateway.admission.parent_wire import frame
 from gateway.admission.tenants import Tenant, TenantRegistry
-from gateway.workers.limit_server import LimitServer
-from gateway.workers.shared_counts import SharedCounts
+from gateway.process.workers.limit_server import LimitServer
+from gateway.process.workers.shared_counts import SharedCounts
 from tests.admission.limiter_contract import (
     TENANTS,
     check_budgets_are_shared_and_unused_tokens_go_back,

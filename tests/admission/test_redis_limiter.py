@@ -19,7 +19,7 @@ from gateway.admission.redis_scripts import FREE_SLOT, GIVE_BACK, RENEW, TAKE_SL
 from gateway.admission.tenants import Tenant, TenantRegistry
 from gateway.config import ConfigError, parse_config
 from gateway.errors import OpenAIError
-from gateway.state import tenant_limiter
+from gateway.wiring.state import tenant_limiter
 from tests.admission.limiter_contract import TENANTS as SHARED_TENANTS
 from tests.admission.limiter_contract import (
     check_budgets_are_shared_and_unused_tokens_go_back,

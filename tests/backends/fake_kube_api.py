@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from bench.processes import free_port
+from bench.harness.processes import free_port
 
 ApiObject = dict[str, Any]
 TOKEN = "kvgate-test-token"

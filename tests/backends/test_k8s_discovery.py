@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bench.processes import free_port
+from bench.harness.processes import free_port
 from gateway.backends import k8s_discovery
 from gateway.backends.discovery_config import KubernetesDiscovery
 from gateway.backends.k8s_discovery import KubernetesDiscoverer

@@ -5,7 +5,7 @@ from pathlib import Path
 import orjson
 
 from bench.cli import main
-from bench.processes import free_port, http_ok, kvgate_command, launch, wait_ready
+from bench.harness.processes import free_port, http_ok, kvgate_command, launch, wait_ready
 
 
 def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:

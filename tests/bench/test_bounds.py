@@ -1,6 +1,6 @@
 """Offline hit-rate bounds on hand-checkable prompt sequences."""
 
-from bench.bounds import compute_bounds, infinite_cache_hit_rate, lru_hit_rate
+from bench.harness.bounds import compute_bounds, infinite_cache_hit_rate, lru_hit_rate
 
 A = tuple(range(100, 132))
 B = tuple(range(200, 232))

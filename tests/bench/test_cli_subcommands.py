@@ -6,15 +6,15 @@ import sys
 import pytest
 
 from bench.cli import DELEGATED, SPAWNED
-from bench.processes import REPO
-from gateway.cli import main as kvgate_main
+from bench.harness.processes import REPO
+from gateway.process.cli import main as kvgate_main
 
 MODULE_FLAGS = {
-    "throughput": ("bench.throughput", "--step-s"),
-    "soak": ("bench.soak", "--minutes"),
-    "overhead-ab": ("bench.overhead_ab", "--per-round"),
-    "overhead": ("bench.overhead", "--prompt-tokens"),
-    "simulate": ("bench.simulate_cli", "--max-num-seqs"),
+    "throughput": ("bench.micro.throughput", "--step-s"),
+    "soak": ("bench.micro.soak", "--minutes"),
+    "overhead-ab": ("bench.micro.overhead_ab", "--per-round"),
+    "overhead": ("bench.micro.overhead", "--prompt-tokens"),
+    "simulate": ("bench.sim.simulate_cli", "--max-num-seqs"),
 }
 
 
@@ -60,7 +60,7 @@ def test_each_spawned_subcommand_answers_help(command: str, capfd: pytest.Captur
     assert "usage:" in capfd.readouterr().out
 
 
-@pytest.mark.parametrize("module", ["bench.throughput", "bench.soak", "bench.overhead_ab"])
+@pytest.mark.parametrize("module", ["bench.micro.throughput", "bench.micro.soak", "bench.micro.overhead_ab"])
 def test_python_dash_m_still_runs_each_module(module: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120

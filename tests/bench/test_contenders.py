@@ -3,8 +3,8 @@
 import pytest
 
 from bench.cli import sim_cost_args
-from bench.contenders import Contender, FleetSpec, Replica, contenders_for, kvgate_config, sglang_install_hint
-from engine.sim_runner import SIM_PRESETS
+from bench.harness.contenders import Contender, FleetSpec, Replica, contenders_for, kvgate_config, sglang_install_hint
+from engine.sim.sim_runner import SIM_PRESETS
 from gateway.config import parse_config
 
 

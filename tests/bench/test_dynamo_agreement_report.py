@@ -3,9 +3,9 @@ the engines' events (the end-to-end run is tests/peers/test_dynamo_agreement.py)
 
 from pathlib import Path
 
-from bench.dynamo_agreement import index_keys, logged_logits
-from bench.dynamo_agreement_report import AGREE, COST, OVERLAP_VIEW, TIE, AgreementSummary, Decision
-from bench.peer_kv_index import PeerKVIndex
+from bench.peers.dynamo_agreement import index_keys, logged_logits
+from bench.peers.dynamo_agreement_report import AGREE, COST, OVERLAP_VIEW, TIE, AgreementSummary, Decision
+from bench.sim.peer_kv_index import PeerKVIndex
 from radix.hashing import block_hashes
 from radix.kv_event_format import BlockStored, wire_block_hash
 

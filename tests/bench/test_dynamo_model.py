@@ -2,10 +2,10 @@
 
 import pytest
 
-from bench.dynamo_model import DynamoKVRouter
-from bench.peer_kv_index import PeerKVIndex
-from bench.peer_models import DYNAMO_MODELLED
-from bench.simulate import SimFleet, VirtualFleet
+from bench.sim.dynamo_model import DynamoKVRouter
+from bench.sim.peer_kv_index import PeerKVIndex
+from bench.sim.peer_models import DYNAMO_MODELLED
+from bench.sim.simulate import SimFleet, VirtualFleet
 from tests.bench.test_simulate import COSTS, REQUESTS
 
 BLOCK = 16

@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from bench import processes
-from bench.processes import free_port
+from bench.harness import processes
+from bench.harness.processes import free_port
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:

@@ -1,9 +1,9 @@
 """The hotspot burst: one new system prompt arriving many times at once, and where it went."""
 
-from bench.burst_report import burst_markdown, burst_placements
-from bench.contenders import Contender
-from bench.peer_models import MODELLED_PEERS
-from bench.simulate import SimFleet, VirtualFleet
+from bench.harness.burst_report import burst_markdown, burst_placements
+from bench.harness.contenders import Contender
+from bench.sim.peer_models import MODELLED_PEERS
+from bench.sim.simulate import SimFleet, VirtualFleet
 from bench.workloads.hotspot_burst import BURST_GROUP, HotspotBurstParams, generate
 from tests.bench.test_simulate import COSTS
 

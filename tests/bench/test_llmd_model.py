@@ -2,10 +2,10 @@
 
 from typing import Literal
 
-from bench.llmd_model import LlmdPrecisePrefix
-from bench.peer_kv_index import PeerKVIndex
-from bench.peer_models import LLMD_MODELLED
-from bench.simulate import SimFleet, VirtualFleet
+from bench.sim.llmd_model import LlmdPrecisePrefix
+from bench.sim.peer_kv_index import PeerKVIndex
+from bench.sim.peer_models import LLMD_MODELLED
+from bench.sim.simulate import SimFleet, VirtualFleet
 from tests.bench.test_simulate import COSTS, REQUESTS
 
 PODS = ["a", "b", "c"]

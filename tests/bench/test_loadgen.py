@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.loadgen import Target, request_body, run_load
-from bench.processes import free_port, http_ok, launch, module_command, wait_ready
-from bench.report import summarize
+from bench.harness.loadgen import Target, request_body, run_load
+from bench.harness.processes import free_port, http_ok, launch, module_command, wait_ready
+from bench.harness.report import summarize
 from bench.workloads.types import BenchRequest
 
 
@@ -16,7 +16,9 @@ from bench.workloads.types import BenchRequest
 def zero_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     process = launch(
-        module_command("bench.zero_backend", "--port", str(port)), port, tmp_path_factory.mktemp("zero") / "zero.log"
+        module_command("bench.harness.zero_backend", "--port", str(port)),
+        port,
+        tmp_path_factory.mktemp("zero") / "zero.log",
     )
     wait_ready(process, lambda: http_ok(f"{process.url}/health"))
     yield process.url

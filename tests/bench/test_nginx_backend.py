@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.nginx_backend import nginx_backend, nginx_binary
-from bench.throughput import start_kvgate
+from bench.harness.nginx_backend import nginx_backend, nginx_binary
+from bench.micro.throughput import start_kvgate
 from tests.procs import http
 
 pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="nginx not installed (`make bench-tools` installs it)")

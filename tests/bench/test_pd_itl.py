@@ -1,7 +1,7 @@
-"""``kvgate bench pd-itl``'s requests and table (the run itself needs two real engines: bench/pd_itl.py)."""
+"""``kvgate bench pd-itl``'s requests and table (the run itself needs two real engines: bench/engine/pd_itl.py)."""
 
-from bench.loadgen import LoadResult, RequestResult
-from bench.pd_itl import build_parser, summary, workload
+from bench.engine.pd_itl import build_parser, summary, workload
+from bench.harness.loadgen import LoadResult, RequestResult
 
 
 def test_the_workload_mixes_steady_short_requests_with_periodic_long_prompts() -> None:

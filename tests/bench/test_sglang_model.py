@@ -1,9 +1,9 @@
 """The model of sglang-router's cache_aware that ``kvgate bench simulate --peers`` runs."""
 
-from bench.contenders import Contender
-from bench.peer_models import SGLANG_MODELLED, SglangPeer
-from bench.sglang_model import SglangCacheAware
-from bench.simulate import SimFleet, VirtualFleet
+from bench.harness.contenders import Contender
+from bench.sim.peer_models import SGLANG_MODELLED, SglangPeer
+from bench.sim.sglang_model import SglangCacheAware
+from bench.sim.simulate import SimFleet, VirtualFleet
 from tests.bench.test_simulate import COSTS, REQUESTS
 
 BLOCK = 16

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.loadgen import LoadResult, RequestResult
-from bench.report import ContenderRow
-from bench.sim_compare import compare_with_run
+from bench.harness.loadgen import LoadResult, RequestResult
+from bench.harness.report import ContenderRow
+from bench.sim.sim_compare import compare_with_run
 
 NAME = "kvgate cache_aware"
 

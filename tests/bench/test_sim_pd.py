@@ -1,15 +1,15 @@
-"""P/D fleets in ``bench simulate`` (bench/sim_pd.py): roles, the split's timeline, repeatability."""
+"""P/D fleets in ``bench simulate`` (bench/sim/sim_pd.py): roles, the split's timeline, repeatability."""
 
 import pytest
 
 from bench.cli import scaled_costs
-from bench.contenders import Contender
-from bench.sim_pd import PdSetup, PdVirtualFleet, split_roles
-from bench.sim_pd_cli import main as simulate_pd_main
-from bench.sim_pd_cli import transfer_s_per_token
-from bench.simulate import SimFleet
+from bench.harness.contenders import Contender
+from bench.sim.sim_pd import PdSetup, PdVirtualFleet, split_roles
+from bench.sim.sim_pd_cli import main as simulate_pd_main
+from bench.sim.sim_pd_cli import transfer_s_per_token
+from bench.sim.simulate import SimFleet
 from bench.workloads.types import BenchRequest
-from engine.sim_runner import SMOLLM2_CPU
+from engine.sim.sim_runner import SMOLLM2_CPU
 
 COSTS = scaled_costs(SMOLLM2_CPU, 75e-6)
 FLEET = SimFleet(replicas=3, num_blocks=512, costs=COSTS)

@@ -2,12 +2,12 @@
 
 import pytest
 
-from bench.contenders import Contender
-from bench.peer_models import MODELLED_PEERS
-from bench.simulate import SimFleet, VirtualFleet
-from engine.runner_api import SamplingParams, SeqChunk
-from engine.sim_presets import GPU_PRESETS, H100_SXM, GpuPreset, preset_costs
-from engine.sim_runner import SMOLLM2_CPU, SimCosts
+from bench.harness.contenders import Contender
+from bench.sim.peer_models import MODELLED_PEERS
+from bench.sim.simulate import SimFleet, VirtualFleet
+from engine.model.runner_api import SamplingParams, SeqChunk
+from engine.sim.sim_presets import GPU_PRESETS, H100_SXM, GpuPreset, preset_costs
+from engine.sim.sim_runner import SMOLLM2_CPU, SimCosts
 from tests.bench.test_simulate import REQUESTS
 
 

@@ -2,7 +2,7 @@
 
 import random
 
-from bench.text_vocab import round_trip_vocab
+from bench.harness.text_vocab import round_trip_vocab
 from bench.workloads.token_blocks import random_tokens
 from normalize.chat_tokenizer import ChatTokenizer
 

@@ -1,8 +1,8 @@
 """The users' table: TTFT, E2E, output tokens, goodput within both service levels, shed and errors,
 each against round robin."""
 
-from bench.loadgen import LoadResult, RequestResult
-from bench.users_table import users_markdown, users_row
+from bench.harness.loadgen import LoadResult, RequestResult
+from bench.harness.users_table import users_markdown, users_row
 
 
 def result(name: str, ttft: float, itl: list[float], status: int = 200) -> RequestResult:

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from bench.peers.hf_export import export_hf_folder
-from engine.loader import load_model
+from engine.model.loader import load_model
 from normalize.model_files import resolve_model, tokenizer_dir
 
 MODEL = "smollm2-135m"

@@ -20,8 +20,8 @@ import yaml
 from engine.cli import build_parser as engine_parser
 from engine.cli import config_from_args
 from gateway.config import KvgateConfig, parse_config
-from gateway.server import build_parser as gateway_parser
-from gateway.supervisor import build_parser as up_parser
+from gateway.process.server import build_parser as gateway_parser
+from gateway.process.supervisor import build_parser as up_parser
 from tests.procs import REPO
 
 DEPLOY = REPO / "deploy"

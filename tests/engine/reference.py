@@ -1,5 +1,5 @@
 """The reference the engine is checked against: transformers' own greedy generation, and the
-kernel paths (``engine.kernel_choice``) every engine test of it runs on."""
+kernel paths (``engine.model.kernel_choice``) every engine test of it runs on."""
 
 from pathlib import Path
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.cpu_features import DISABLE_ONEDNN_ENV, CpuFeatures, probe_cpu
-from engine.kernel_choice import choose_kernels
+from engine.model.cpu_features import DISABLE_ONEDNN_ENV, CpuFeatures, probe_cpu
+from engine.model.kernel_choice import choose_kernels
 
 KERNEL_PATHS: dict[str, dict[str, str]] = {"oneDNN": {}, "portable": {DISABLE_ONEDNN_ENV: "1"}}
 """Each path's environment switches: oneDNN where this CPU has it, and the portable path

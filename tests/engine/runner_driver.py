@@ -8,7 +8,7 @@ earlier one filled.
 
 from dataclasses import dataclass, field
 
-from engine.runner_api import ModelRunner, SamplingParams, SeqChunk
+from engine.model.runner_api import ModelRunner, SamplingParams, SeqChunk
 
 GREEDY = SamplingParams(temperature=0.0)
 

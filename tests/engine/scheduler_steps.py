@@ -1,8 +1,8 @@
 """Drive a ``Scheduler`` step by step with the instant sim cost model, as the engine loop does."""
 
-from engine.runner_api import SeqChunk
-from engine.scheduler import Scheduler
-from engine.sim_runner import SIM_PRESETS, SimRunner
+from engine.core.scheduler import Scheduler
+from engine.model.runner_api import SeqChunk
+from engine.sim.sim_runner import SIM_PRESETS, SimRunner
 
 BLOCK = 4
 WORDS = list(range(1000, 1010))

@@ -1,8 +1,8 @@
 """Sequences for block-manager and scheduler tests, built in one place."""
 
-from engine.lora_modules import LoRARef
-from engine.runner_api import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
+from engine.model.lora_modules import LoRARef
+from engine.model.runner_api import SamplingParams
 
 
 def synthetic_prompt(seq_id: int, length: int) -> list[int]:

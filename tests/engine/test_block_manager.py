@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.engine.sequences import make_seq

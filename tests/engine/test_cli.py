@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from engine.cli import build_parser, build_server, config_from_args, main
-from engine.config import AUTO_DTYPE
-from engine.cpu_features import DISABLE_ONEDNN_BF16_ENV
-from engine.kv_budget import KVBudgetError, plan_kv_budget
+from engine.core.config import AUTO_DTYPE
+from engine.core.kv_budget import KVBudgetError, plan_kv_budget
+from engine.model.cpu_features import DISABLE_ONEDNN_BF16_ENV
 from planner.load import load_arch
 from tests.procs import REPO, http, start_engine
 

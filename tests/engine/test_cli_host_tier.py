@@ -3,10 +3,10 @@
 import pytest
 
 from engine.cli import build_parser, build_runner, config_from_args
-from engine.config import EngineConfig
-from engine.host_kv_pool import GIB, host_kv_blocks
-from engine.kv_budget import plan_kv_budget
-from engine.sim_runner import DEFAULT_HOST_BANDWIDTH_GBS, SIM_PRESETS, SimRunner
+from engine.core.config import EngineConfig
+from engine.core.host_kv_pool import GIB, host_kv_blocks
+from engine.core.kv_budget import plan_kv_budget
+from engine.sim.sim_runner import DEFAULT_HOST_BANDWIDTH_GBS, SIM_PRESETS, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 from planner.kv_math import kv_bytes_per_token
 from planner.load import load_arch

@@ -2,8 +2,8 @@
 
 import torch
 
-from engine.cpu_features import DISABLE_ONEDNN_BF16_ENV, DISABLE_ONEDNN_ENV, ONEDNN_BF16_NEEDS, probe_cpu
-from engine.kernel_choice import choose_kernels
+from engine.model.cpu_features import DISABLE_ONEDNN_BF16_ENV, DISABLE_ONEDNN_ENV, ONEDNN_BF16_NEEDS, probe_cpu
+from engine.model.kernel_choice import choose_kernels
 
 CPU = torch.device("cpu")
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.flashinfer_attention import flashinfer_available
-from engine.model_runner import TorchModelRunner
+from engine.model.flashinfer_attention import flashinfer_available
+from engine.model.model_runner import TorchModelRunner
 from normalize.model_files import resolve_model, tokenizer_dir
 from tests.engine.runner_driver import generate
 

@@ -3,7 +3,7 @@
 import pytest
 from tokenizers import Tokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
 from normalize.chat_tokenizer import ChatTokenizer
 
 

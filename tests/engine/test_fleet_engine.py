@@ -14,9 +14,9 @@ import orjson
 import pytest
 import zmq
 
-from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.model.runner_api import SamplingParams
 from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import (

@@ -15,9 +15,9 @@ import torch
 from transformers import AutoTokenizer
 
 from engine.cli import build_parser, config_from_args
-from engine.kv_budget import plan_kv_budget
-from engine.kv_cache import Fp8PagedKVCache
-from engine.model_runner import TorchModelRunner
+from engine.core.kv_budget import plan_kv_budget
+from engine.model.kv_cache import Fp8PagedKVCache
+from engine.model.model_runner import TorchModelRunner
 from normalize.model_files import resolve_model, tokenizer_dir
 from planner.load import load_arch
 from tests.engine.runner_driver import generate

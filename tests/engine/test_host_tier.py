@@ -9,11 +9,11 @@ order, a slot reused too early or a hit on the wrong block fails the step, witho
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.runner_api import BlockTransfer, SeqChunk
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.session_retention import SessionRetention
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.core.session_retention import SessionRetention
+from engine.model.runner_api import BlockTransfer, SeqChunk
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored
 from tests.engine.sequences import make_seq

@@ -7,12 +7,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.llm_engine import EngineError, LLMEngine
-from engine.metrics import EngineMetrics
-from engine.runner_api import SamplingParams, SeqChunk
-from engine.scheduler import Scheduler
-from engine.sim_runner import SIM_PRESETS, SimCosts, SimRunner
+from engine.core.block_manager import BlockManager
+from engine.core.llm_engine import EngineError, LLMEngine
+from engine.core.scheduler import Scheduler
+from engine.model.runner_api import SamplingParams, SeqChunk
+from engine.server.metrics import EngineMetrics
+from engine.sim.sim_runner import SIM_PRESETS, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 
 NUM_BLOCKS = 32

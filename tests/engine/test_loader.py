@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import loader
+from engine.model import loader
 from normalize.model_files import resolve_model
 
 torch.set_num_threads(2)

@@ -1,9 +1,9 @@
 """An adapter's blocks in the engine's prefix cache and KV events, and the gateway's reading of them."""
 
-from engine.block_manager import BlockManager
-from engine.lora_modules import LoRARef
-from engine.runner_api import SamplingParams
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.model.lora_modules import LoRARef
+from engine.model.runner_api import SamplingParams
 from radix.hashing import block_hashes
 from radix.kv_event_format import MEDIUM_CPU, BlockStored, EventBatch
 from radix.kv_event_ingest import KVEventApplier

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from engine.lora_modules import LoRAError, LoRAModule, check_modules, parse_lora_module
-from engine.lora_weights import load_adapter, projection_shapes
+from engine.model.lora_modules import LoRAError, LoRAModule, check_modules, parse_lora_module
+from engine.model.lora_weights import load_adapter, projection_shapes
 from tests.lora_adapter import base_model_folder
 from tests.procs import REPO, kvgate_cmd
 

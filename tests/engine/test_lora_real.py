@@ -12,13 +12,13 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from engine.block_manager import BlockManager
-from engine.llm_engine import LLMEngine
-from engine.lora_modules import LoRAModule, LoRARef, check_modules, lora_refs
-from engine.metrics import EngineMetrics
-from engine.model_runner import TorchModelRunner
-from engine.runner_api import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.block_manager import BlockManager
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import Scheduler
+from engine.model.lora_modules import LoRAModule, LoRARef, check_modules, lora_refs
+from engine.model.model_runner import TorchModelRunner
+from engine.model.runner_api import SamplingParams
+from engine.server.metrics import EngineMetrics
 from normalize.chat_tokenizer import ChatTokenizer
 from tests.lora_adapter import base_model_folder, make_lora_adapter
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
+from engine.model.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
 
 REPO = Path(__file__).resolve().parents[2]
 
 COUNT_ARENAS = """
 import ctypes, sys, threading
-from engine.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
+from engine.model.malloc_arena import keep_large_blocks_in_heap, use_one_malloc_arena
 if sys.argv[1] == "one":
     assert use_one_malloc_arena()
 kept = []
@@ -55,7 +55,7 @@ def test_a_limit_the_user_set_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> 
 
 COUNT_MMAPS = """
 import ctypes, sys
-from engine.malloc_arena import keep_large_blocks_in_heap
+from engine.model.malloc_arena import keep_large_blocks_in_heap
 if sys.argv[1] == "heap":
     assert keep_large_blocks_in_heap()
 libc = ctypes.CDLL(None)

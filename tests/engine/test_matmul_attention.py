@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.cpu_features import DISABLE_ONEDNN_BF16_ENV, probe_cpu
-from engine.kernel_choice import choose_kernels
-from engine.matmul_attention import TILE_ROWS, query_tiles, tiled_attention
+from engine.model.cpu_features import DISABLE_ONEDNN_BF16_ENV, probe_cpu
+from engine.model.kernel_choice import choose_kernels
+from engine.model.matmul_attention import TILE_ROWS, query_tiles, tiled_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 CPU = torch.device("cpu")

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from engine.config import AUTO_DTYPE
-from engine.cpu_features import CpuFeatures
-from engine.model_runner import TorchModelRunner
-from engine.runner_api import SamplingParams, SeqChunk
+from engine.core.config import AUTO_DTYPE
+from engine.model.cpu_features import CpuFeatures
+from engine.model.model_runner import TorchModelRunner
+from engine.model.runner_api import SamplingParams, SeqChunk
 from normalize.model_files import resolve_model, tokenizer_dir
 from tests.engine.reference import KERNEL_PATHS, cpu_for_path, transformers_greedy
 from tests.engine.runner_driver import generate

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config
 
-from engine.model_runner import TorchModelRunner
+from engine.model.model_runner import TorchModelRunner
 from tests.engine.reference import KERNEL_PATHS, cpu_for_path
 from tests.engine.runner_driver import generate
 
@@ -69,7 +69,7 @@ def variant(request, tmp_path_factory) -> tuple[Path, list[list[int]]]:
 @pytest.mark.parametrize("path", list(KERNEL_PATHS))
 def test_batched_chunked_generation_matches_transformers(variant, path: str, caplog: pytest.LogCaptureFixture) -> None:
     folder, expected = variant
-    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+    with caplog.at_level(logging.INFO, logger="engine.model.model_runner"):
         runner = TorchModelRunner(str(folder), block_size=4, num_blocks=64, cpu=cpu_for_path(path, torch.float32))
     choice = [record.getMessage() for record in caplog.records if record.getMessage().startswith("kernels:")]
     assert choice == [runner.model.kernels.summary], "the choice is logged once, in one line"

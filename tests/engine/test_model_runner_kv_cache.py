@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
+from engine.model.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
 
 LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM = 2, 8, 4, 2, 8
 SHAPE = KVCacheShape(LAYERS, BLOCKS, BLOCK_SIZE, HEADS, DIM)

@@ -2,8 +2,8 @@
 
 import torch
 
-from engine.runner_api import SamplingParams
-from engine.sampler import Sampler
+from engine.model.runner_api import SamplingParams
+from engine.model.sampler import Sampler
 
 SAMPLER = Sampler(torch.device("cpu"))
 THREE_TOKENS = torch.tensor([0.5, 0.3, 0.2]).log()

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from engine.omp_team import on_short_lived_thread
+from engine.model.omp_team import on_short_lived_thread
 
 
 def test_returns_what_the_build_made_from_another_thread_that_has_exited() -> None:

@@ -4,11 +4,11 @@ and KV events on both engines; and the real pool's block bytes surviving a trans
 import pytest
 import torch
 
-from engine.block_manager import BlockManager
-from engine.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
-from engine.kv_transfer_torch import TorchBlockIO
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.model.kv_cache import Fp8PagedKVCache, KVCacheShape, PagedKVCache
+from engine.server.kv_transfer_torch import TorchBlockIO
 from radix.hashing import hash_to_bytes
 from radix.kv_event_format import MEDIUM_CPU, BlockRemoved, BlockStored
 from tests.engine.sequences import make_seq

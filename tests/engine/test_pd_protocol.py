@@ -7,14 +7,14 @@ import struct
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.kv_transfer_blocks import SimBlockIO
-from engine.kv_transfer_client import PullFailed, PullTarget, pull_blocks, release_hold
-from engine.kv_transfer_config import KVTransferConfigError, parse_kv_transfer_config
-from engine.kv_transfer_holds import HoldRegistry
-from engine.kv_transfer_metrics import TransferMetrics
-from engine.kv_transfer_params import NO_TRANSFER, transfer_request
-from engine.kv_transfer_server import PullServer
-from engine.kv_transfer_wire import MAX_HEADER_BYTES, PullReply, PullRequest, WireError, encode, read_request
+from engine.server.kv_transfer_blocks import SimBlockIO
+from engine.server.kv_transfer_client import PullFailed, PullTarget, pull_blocks, release_hold
+from engine.server.kv_transfer_config import KVTransferConfigError, parse_kv_transfer_config
+from engine.server.kv_transfer_holds import HoldRegistry
+from engine.server.kv_transfer_metrics import TransferMetrics
+from engine.server.kv_transfer_params import NO_TRANSFER, transfer_request
+from engine.server.kv_transfer_server import PullServer
+from engine.server.kv_transfer_wire import MAX_HEADER_BYTES, PullReply, PullRequest, WireError, encode, read_request
 from protocol.openai_errors import OpenAIError
 
 HASHES = [bytes([index]) * 16 for index in range(4)]

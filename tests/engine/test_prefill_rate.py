@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.prefill_rate import DECAY, MIN_TOKENS, PrefillRate
+from engine.core.prefill_rate import DECAY, MIN_TOKENS, PrefillRate
 
 
 def test_short_prefill_steps_do_not_count_and_longer_ones_average_with_decay() -> None:

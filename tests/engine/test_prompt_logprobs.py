@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from engine.loader import load_model
+from engine.model.loader import load_model
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import resolve_model
 from tests.procs import ManagedProcess, start_engine

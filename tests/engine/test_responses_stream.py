@@ -4,10 +4,10 @@ output equal to the whole answer's (``ResponseBuilder.output_items``)."""
 
 import json
 
-from engine.llm_engine import RequestOutput
-from engine.responses_api import ResponseBuilder
-from engine.responses_stream import ResponseStream
-from engine.tool_choice import ToolMode
+from engine.core.llm_engine import RequestOutput
+from engine.server.responses_api import ResponseBuilder
+from engine.server.responses_stream import ResponseStream
+from engine.server.tool_choice import ToolMode
 from protocol.openai import ResponsesRequest, validate
 
 PIECES = [

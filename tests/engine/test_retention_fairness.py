@@ -3,8 +3,8 @@ pushes out its own, never another's that holds no more than its share (issue 28,
 
 import random
 
-from engine.block_manager import BlockManager
-from engine.session_retention import SessionRetention, namespace_of
+from engine.core.block_manager import BlockManager
+from engine.core.session_retention import SessionRetention, namespace_of
 from tests.engine.test_session_retention import BLOCK, MODEL, Clock, cached, serve
 
 

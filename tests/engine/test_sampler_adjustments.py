@@ -2,12 +2,12 @@
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams, SeqChunk
-from engine.sampler import apply_penalties, token_logprobs
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.sim_runner import SIM_PRESETS, SimRunner
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.model.runner_api import SamplingParams, SeqChunk
+from engine.model.sampler import apply_penalties, token_logprobs
+from engine.sim.sim_runner import SIM_PRESETS, SimRunner
 
 
 def chunk(params: SamplingParams, outputs: list[int]) -> SeqChunk:

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.runner_api import SamplingParams
-from engine.sampler import GREEDY_BELOW, Sampler
+from engine.model.runner_api import SamplingParams
+from engine.model.sampler import GREEDY_BELOW, Sampler
 
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-30, GREEDY_BELOW / 2])

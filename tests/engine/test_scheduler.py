@@ -1,9 +1,9 @@
 """Scheduler: chunked prefill under a token budget, decodes interleaved, preemption, abort."""
 
-from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.model.runner_api import SamplingParams
 from tests.engine.scheduler_steps import BLOCK, run_step
 from tests.engine.sequences import make_seq
 

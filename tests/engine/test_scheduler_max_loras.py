@@ -1,10 +1,10 @@
 """Scheduler with ``max_loras`` (vLLM's ``--max-loras``): no step holds more distinct adapters,
 base-model requests are not held up by it, and a request for another adapter is not starved."""
 
-from engine.block_manager import BlockManager
-from engine.lora_modules import LoRARef
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.model.lora_modules import LoRARef
 from tests.engine.scheduler_steps import BLOCK, run_step
 from tests.engine.sequences import make_seq
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from engine.sim_runner import SIM_EMBEDDING_DIM, SIM_TOKEN_LOGPROB
+from engine.sim.sim_runner import SIM_EMBEDDING_DIM, SIM_TOKEN_LOGPROB
 from tests.engine.test_server_sim import FAST_SIM, MODEL, post, wait_idle
 from tests.procs import ManagedProcess, start_engine
 

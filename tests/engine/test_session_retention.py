@@ -1,9 +1,9 @@
 """Retention hints: one-shot blocks are evicted before the latest turn of an active session."""
 
-from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams
-from engine.sequence import Sequence
-from engine.session_retention import SessionRetention
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.core.session_retention import SessionRetention
+from engine.model.runner_api import SamplingParams
 from radix.hashing import block_hashes
 
 BLOCK = 4

@@ -5,10 +5,10 @@ different TTLs expire by their own deadlines while the bound stays shared fairly
 import orjson
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.openai_checks import parse_request
-from engine.session_hint import SessionHint, session_hint
-from engine.session_retention import SessionRetention
+from engine.core.block_manager import BlockManager
+from engine.core.session_hint import SessionHint, session_hint
+from engine.core.session_retention import SessionRetention
+from engine.server.openai_checks import parse_request
 from protocol.openai import ChatCompletionRequest
 from protocol.openai_errors import OpenAIError
 from tests.engine.test_session_retention import BLOCK, MODEL, Clock, cached, serve

@@ -1,8 +1,8 @@
 """The sim runner's step takes its modelled time end to end: the engine's own work between steps
 counts against it instead of adding to it (checked on a fake clock, no timing)."""
 
-from engine.runner_api import BlockTransfer, SamplingParams, SeqChunk
-from engine.sim_runner import SimCosts, SimRunner
+from engine.model.runner_api import BlockTransfer, SamplingParams, SeqChunk
+from engine.sim.sim_runner import SimCosts, SimRunner
 
 PREFILL_S = 0.001
 """Modelled seconds per prefill token; nothing else costs time in these tests."""

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.grammar import GrammarCompiler, MaskFiller, allocate_bitmask
-from engine.runner_api import SamplingParams
-from engine.sampler import apply_token_bitmask
-from engine.sequence import Sequence
-from engine.structured_output import requested_grammar
-from engine.tool_choice import ToolMode, tool_grammar, tool_mode
-from engine.tool_parser import ToolCallStream, parse_answer
+from engine.core.sequence import Sequence
+from engine.model.grammar import GrammarCompiler, MaskFiller, allocate_bitmask
+from engine.model.runner_api import SamplingParams
+from engine.model.sampler import apply_token_bitmask
+from engine.server.structured_output import requested_grammar
+from engine.server.tool_choice import ToolMode, tool_grammar, tool_mode
+from engine.server.tool_parser import ToolCallStream, parse_answer
 from normalize.chat_tokenizer import ChatTokenizer
 from protocol.openai import ChatCompletionRequest, CompletionRequest, validate
 from protocol.openai_errors import OpenAIError

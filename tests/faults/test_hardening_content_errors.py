@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.openai_checks import parse_request, sampling_params
+from engine.server.openai_checks import parse_request, sampling_params
 from protocol.openai import ChatCompletionRequest
 from protocol.openai_errors import OpenAIError
 from tests.faults.hostile import log_lines, raw_post, wait_for

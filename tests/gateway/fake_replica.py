@@ -19,10 +19,10 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.processes import free_port
-from gateway.app import create_app
+from bench.harness.processes import free_port
 from gateway.config import load_config, parse_config
-from gateway.state import GATEWAY, Gateway
+from gateway.wiring.app import create_app
+from gateway.wiring.state import GATEWAY, Gateway
 from tests.bodies import MODEL as MODEL
 from tests.bodies import chat as chat
 

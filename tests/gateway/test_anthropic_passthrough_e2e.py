@@ -15,7 +15,7 @@ import anthropic
 import orjson
 import pytest
 
-from bench.processes import module_command
+from bench.harness.processes import module_command
 from tests.gateway.anthropic_messages_backend import (
     ANSWER,
     CACHE_CREATION_TOKENS,

@@ -4,7 +4,7 @@ import asyncio
 import os
 import threading
 
-from gateway.background_threads import NICE_INCREMENT, install_background_executor
+from gateway.process.background_threads import NICE_INCREMENT, install_background_executor
 
 
 def own_nice() -> int:

@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.supervisor import engine_command
+from gateway.process.supervisor import engine_command
 
 SHARED = {"redis_url": "redis://127.0.0.1:6379/0"}
 

@@ -32,7 +32,7 @@ sys.path.insert(0, {site!r})
 present = [name for name in {absent!r} if importlib.util.find_spec(name) is not None]
 if present:
     sys.exit(f"not absent: {{present}}")
-from gateway.cli import main
+from gateway.process.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 """``python -S -c LAUNCHER gateway ...``: the kvgate command on one site-packages folder alone."""
@@ -74,7 +74,7 @@ def lean_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lean_kvgate(site: Path, *args: str) -> list[str]:
     """The ``kvgate`` command with ``args``, as a gateway-only install runs it."""
     command = kvgate_cmd(*args)
-    assert command[:3] == [sys.executable, "-m", "gateway.cli"], command
+    assert command[:3] == [sys.executable, "-m", "gateway.process.cli"], command
     return [sys.executable, "-S", "-c", LAUNCHER.format(site=str(site), absent=ABSENT), *command[3:]]
 
 

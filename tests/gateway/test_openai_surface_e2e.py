@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench.processes import module_command
+from bench.harness.processes import module_command
 from tests.gateway_cluster import MODEL, gateway_config, gateway_for, running, start_engines
 from tests.procs import ManagedProcess, free_port, http, start
 

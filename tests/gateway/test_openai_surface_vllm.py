@@ -23,6 +23,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from tokenizers import Tokenizer
 
+from bench.harness.processes import Process
 from bench.peers.vllm_peer import (
     PeerMissingError,
     VllmOptions,
@@ -30,7 +31,6 @@ from bench.peers.vllm_peer import (
     vllm_options_on_free_ports,
     vllm_python,
 )
-from bench.processes import Process
 from tests.gateway_cluster import gateway_for
 from tests.procs import ManagedProcess, free_port, http
 

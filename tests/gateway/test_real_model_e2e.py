@@ -155,7 +155,10 @@ def test_invalid_config_names_key_and_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: {port: nope}\nroutng: {}\n")
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "gateway", "-c", str(bad)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gateway.process.cli", "gateway", "-c", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "listen.port" in result.stderr and "routng: unknown key" in result.stderr and str(bad) in result.stderr

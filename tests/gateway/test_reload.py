@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from aiohttp.test_utils import TestClient
 
-from gateway.served_model import ApproximateTokenizer
+from normalize.prompt_tokenizer import ApproximateTokenizer
 from normalize.segment_tokenizer import SegmentTokenizer
 from tests.gateway.fake_replica import MODEL, FakeReplica, chat, gateway, gateway_config, replicas, state
 

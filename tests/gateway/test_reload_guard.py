@@ -7,7 +7,7 @@ import yaml
 
 from gateway.config import ConfigError, KvgateConfig, load_config, parse_config
 from gateway.errors import OpenAIError
-from gateway.reload_guard import UnsafeReload, check_safe, parse_allowance
+from gateway.wiring.reload_guard import UnsafeReload, check_safe, parse_allowance
 
 SECURED = {
     "backends": [{"name": "e0", "url": "http://127.0.0.1:8101"}],

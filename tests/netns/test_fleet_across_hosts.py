@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from bench.processes import REPO, Process, launch
+from bench.harness.processes import REPO, Process, launch
 from tests.gateway_cluster import MODEL, SLOW_SIM, chat
 from tests.netns.lan import Host, lan, require_netns
 from tests.redis_server import RedisServer, require_redis
@@ -22,7 +22,7 @@ CAP = 2
 
 
 def start_engine(host: Host, tmp_path: Path) -> Process:
-    command = host.command(sys.executable, "-m", "gateway.cli", "engine", "--host", host.address)
+    command = host.command(sys.executable, "-m", "gateway.process.cli", "engine", "--host", host.address)
     flags = ["--port", str(ENGINE_PORT), "--kv-events", f"tcp://{host.address}:{KV_EVENTS_PORT}", *SLOW_SIM]
     return launch([*command, *flags], ENGINE_PORT, tmp_path / "engine.log")
 
@@ -47,7 +47,7 @@ def start_gateway(host: Host, engine: Host, redis: RedisServer, tmp_path: Path) 
     }
     path = tmp_path / f"{host.namespace}.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = host.command(sys.executable, "-m", "gateway.cli", "gateway", "-c", str(path))
+    command = host.command(sys.executable, "-m", "gateway.process.cli", "gateway", "-c", str(path))
     return launch(command, GATEWAY_PORT, tmp_path / f"{host.namespace}.log")
 
 

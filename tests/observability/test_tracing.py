@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine.cli import build_parser, build_server, config_from_args
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.wiring.app import create_app
 from protocol.tracing import configure_tracing
 
 GATEWAY_SPANS = {

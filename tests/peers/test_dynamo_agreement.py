@@ -6,9 +6,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.contenders import dynamo_install_hint, dynamo_python
-from bench.dynamo_agreement import AgreementSettings, run_agreement
-from bench.dynamo_agreement_report import AGREE, TIE
+from bench.harness.contenders import dynamo_install_hint, dynamo_python
+from bench.peers.dynamo_agreement import AgreementSettings, run_agreement
+from bench.peers.dynamo_agreement_report import AGREE, TIE
 
 pytestmark = pytest.mark.slow  # run_agreement starts engines and Dynamo (an import the conftest cannot see)
 

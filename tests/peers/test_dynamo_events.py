@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.contenders import dynamo_install_hint, dynamo_python
+from bench.harness.contenders import dynamo_install_hint, dynamo_python
+from bench.harness.processes import Process
 from bench.peers.dynamo_service import post_json, register_worker, start_select_service, worker_registration
-from bench.processes import Process
 from tests.procs import ManagedProcess, free_port, http, start_engine
 
 MODEL = "smollm2-135m"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.contenders import Contender, FleetSpec, deploy, dynamo_install_hint, dynamo_python
+from bench.harness.contenders import Contender, FleetSpec, deploy, dynamo_install_hint, dynamo_python
 from bench.peers.dynamo_proxy import has_token, prompt_token_ids
 from normalize.chat_tokenizer import ChatTokenizer
 from tests.procs import http

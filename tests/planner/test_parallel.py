@@ -3,7 +3,7 @@
 import pytest
 
 from engine.cli import build_parser, config_from_args
-from engine.kv_budget import KVBudgetError, plan_kv_budget
+from engine.core.kv_budget import KVBudgetError, plan_kv_budget
 from planner.arch import ModelArch
 from planner.capacity import plan_capacity, smallest_tensor_parallel
 from planner.kv_math import kv_bytes_per_sequence, kv_bytes_per_token

@@ -50,7 +50,7 @@ def test_attention_fields_alone_are_enough_for_the_kv_tables(tmp_path: Path) -> 
     attention_only = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                       "head_dim": 128, "max_position_embeddings": 8192}  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "plan", "--model", write_config(tmp_path, attention_only),
+        [sys.executable, "-m", "gateway.process.cli", "plan", "--model", write_config(tmp_path, attention_only),
          "--gpu-memory", "24GiB", "--tensor-parallel", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

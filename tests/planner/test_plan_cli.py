@@ -14,7 +14,7 @@ from tests.procs import REPO
 
 def run_kvgate_plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "plan", *args],
+        [sys.executable, "-m", "gateway.process.cli", "plan", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

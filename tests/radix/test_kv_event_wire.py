@@ -9,9 +9,9 @@ import random
 import msgspec
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.runner_api import SamplingParams
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
+from engine.model.runner_api import SamplingParams
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import (
     MEDIUM_CPU,

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from gateway.admission.held import HeldRequests
+from gateway.routing.held_requests import HeldRequests
 from gateway.routing.late_binding import HoldLine
 from gateway.routing.types import Hold
 from tests.routing.helpers import request, route_and_send, router, state, warm

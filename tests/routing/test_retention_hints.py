@@ -3,7 +3,7 @@ client's tenant and cache salt; a client's own ``kvgate_session`` never reaches 
 
 import pytest
 
-from engine.session_retention import namespace_of
+from engine.core.session_retention import namespace_of
 from gateway.admission.caps import TokenGrant
 from gateway.admission.forwarded_body import forwarded_body, with_retention_hint
 from gateway.backends.circuit_breaker import CircuitBreaker

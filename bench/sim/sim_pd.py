@@ -1,0 +1,245 @@
+"""Prefill/decode fleets in virtual time: ``VirtualFleet`` with replica roles and a split decider.
+
+Each replica takes a role: ``prefill``, ``decode`` or ``both``. kvgate's router picks the decode
+replica among those that decode (prefix-aware, weighing their load) and the prefill replica
+among those that prefill, the decode one excepted; a decider then says whether to split. A
+split request runs as the gateway and the bundled connector run it (issue 32):
+
+1. the prefill replica gets a copy with ``max_tokens`` 1 and prefills it;
+2. the prefill replica pins the prompt's full blocks when the leg ends; the decode replica pulls
+   the ones it lacks (its cached prefix counts): ``blocks x block_size x transfer_s_per_token``
+   of virtual time, its steps going on meanwhile;
+3. on arrival it installs them (the engine's ``install_remote``, as the bundled connector does,
+   engine notes in /work/notes/pd_contract.md), queues the request, and the prefill replica
+   unpins; the engine's prefix-hit path finds the blocks and only the last token's block is
+   computed before decoding.
+
+Deciders: ``never`` (aggregated), ``always`` (vLLM's P/D proxies), ``kvgate``
+(gateway/routing/pd_decider.py), and models of the peers' rules: ``llm-d``'s
+prefix-based-pd-decider (split when the decode replica's uncached suffix reaches
+``nonCachedTokens``) and ``dynamo``'s conditional disaggregation (split when it exceeds
+``max_local_prefill_length`` and fewer than ``max_prefill_queue_size`` requests wait for a prefill
+worker). Every decider sees the same replicas picked by the same router, so only the decision
+differs. Not modelled: a failed pull (the decode leg would prefill locally).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from bench.harness.contenders import Contender
+from bench.harness.loadgen import RequestResult
+from bench.sim.sim_replica import SimRequest
+from bench.sim.simulate import SimBackend, SimFleet, VirtualFleet
+from gateway.admission.kv_blocks import blocks_needed
+from gateway.in_flight import InFlight
+from gateway.routing.pd_decider import decide_disaggregation
+from gateway.routing.placement import Placement
+from gateway.routing.retention_keys import retention_hint
+from gateway.routing.router import RouteTicket
+from gateway.routing.types import RouteDecision, RouteRequest
+
+ROLES = ("prefill", "decode", "both")
+DECIDERS = ("never", "always", "kvgate", "llm-d", "dynamo")
+LLMD_NON_CACHED_TOKENS = 256
+"""llm-d's ``nonCachedTokens`` ships as 0 (off); its examples use small values. 256: our pick."""
+DYNAMO_MAX_LOCAL_PREFILL = 1000
+"""Dynamo's ``max_local_prefill_length`` default (its vLLM disaggregated example)."""
+DYNAMO_MAX_PREFILL_QUEUE = 2
+"""Dynamo's ``max_prefill_queue_size`` default."""
+
+
+@dataclass(frozen=True)
+class PdSetup:
+    roles: tuple[str, ...]
+    """One role per replica, in replica order."""
+    decider: str
+    transfer_s_per_token: float
+    """KV bytes per token / bandwidth: the wire time of one prompt token's KV."""
+    llmd_non_cached_tokens: int = LLMD_NON_CACHED_TOKENS
+    dynamo_max_local_prefill: int = DYNAMO_MAX_LOCAL_PREFILL
+    dynamo_max_prefill_queue: int = DYNAMO_MAX_PREFILL_QUEUE
+
+
+def split_roles(replicas: int, prefill: int) -> tuple[str, ...]:
+    """``prefill`` prefill replicas first, then decode replicas; 0: all ``both``."""
+    if prefill <= 0:
+        return ("both",) * replicas
+    if prefill >= replicas:
+        raise ValueError(f"a P/D split needs a decode replica: {prefill} prefill of {replicas}")
+    return ("prefill",) * prefill + ("decode",) * (replicas - prefill)
+
+
+@dataclass(frozen=True)
+class SplitLeg:
+    """A split request's prefill leg and pull, for the timeline and the stats."""
+
+    prefill: str
+    decode: str
+    prefill_done_s: float
+    moved_blocks: int
+    transfer_s: float
+
+
+@dataclass
+class _Prefill:
+    backend: SimBackend
+    ticket: RouteTicket
+    uncached: int
+    kv_blocks: int
+
+
+@dataclass
+class PdStats:
+    split: int = 0
+    local: int = 0
+    legs: dict[str, SplitLeg] = field(default_factory=dict)
+
+
+class PdVirtualFleet(VirtualFleet):
+    def __init__(self, contender: Contender, fleet: SimFleet, setup: PdSetup, seed: int = 0) -> None:
+        if contender.kind != "kvgate":
+            raise ValueError("P/D fleets run behind kvgate's router (the peers' deciders are modelled on it)")
+        if len(setup.roles) != fleet.replicas or set(setup.roles) - set(ROLES):
+            raise ValueError(f"one role of {ROLES} per replica, got {setup.roles}")
+        if setup.decider not in DECIDERS:
+            raise ValueError(f"unknown decider {setup.decider!r}; choose from {', '.join(DECIDERS)}")
+        if "prefill" in setup.roles and setup.decider == "never":
+            raise ValueError("prefill replicas serve nothing when the decider never splits")
+        super().__init__(contender, fleet, seed)
+        self.setup = setup
+        self.roles = {backend.replica.name: role for backend, role in zip(self.backends, setup.roles, strict=True)}
+        self.pd = PdStats()
+
+    def _route_candidates(self) -> list[SimBackend]:
+        return [backend for backend in self.backends if self.roles[backend.replica.name] != "prefill"]
+
+    def _dispatch(
+        self,
+        decision: RouteDecision,
+        ticket: RouteTicket | None,
+        uncached: int,
+        kv_blocks: int,
+        route: RouteRequest,
+        prompt: list[int],
+        result: RequestResult,
+        finished: Callable[[SimRequest, float], None],
+    ) -> None:
+        prefill = self._prefill_choice(decision, route) if self.setup.decider != "never" else None
+        split, why = self._decide(decision, route, prefill)
+        if prefill is None or not split or ticket is None:
+            self.pd.local += 1
+            super()._dispatch(decision, ticket, uncached, kv_blocks, route, prompt, result, finished)
+            result.route_reason = f"{decision.reason} {why}"
+            return
+        self.pd.split += 1
+        self._dispatch_split(decision, ticket, kv_blocks, prefill, route, prompt, result, finished)
+        result.route_reason = f"{decision.reason} {why} prefill={prefill.backend.replica.name}"
+
+    def _prefill_choice(self, decision: RouteDecision, route: RouteRequest) -> _Prefill | None:
+        """The router's pick among the replicas that prefill (the decode one excepted) with room."""
+        assert self.router is not None
+        candidates = [
+            backend
+            for backend in self.backends
+            if self.roles[backend.replica.name] != "decode" and backend.replica.name != decision.backend
+        ]
+        leg = replace(route, max_tokens=1)
+        while candidates:
+            ticket = self.router.route(leg, [backend.state() for backend in candidates], may_hold=False)
+            backend = self._by_name[ticket.decision.backend]
+            uncached = route.prompt_tokens - ticket.decision.predicted_cached_tokens
+            kv_blocks = blocks_needed(uncached, 1, self.fleet.block_size)
+            if backend.fits(kv_blocks):
+                return _Prefill(backend, ticket, uncached, kv_blocks)
+            candidates.remove(backend)
+        return None
+
+    def _decide(self, decision: RouteDecision, route: RouteRequest, prefill: _Prefill | None) -> tuple[bool, str]:
+        setup = self.setup
+        if setup.decider == "never":
+            return False, "pd-never"
+        if prefill is None:
+            return False, "pd-local: no prefill replica"
+        uncached = route.prompt_tokens - decision.predicted_cached_tokens
+        if setup.decider == "always":
+            return True, "pd-always"
+        if setup.decider == "llm-d":
+            split = 0 < setup.llmd_non_cached_tokens <= uncached
+            return split, f"llm-d {uncached}{'>=' if split else '<'}{setup.llmd_non_cached_tokens}"
+        if setup.decider == "dynamo":
+            queue = sum(
+                len(backend.replica.scheduler.waiting)
+                for backend in self.backends
+                if self.roles[backend.replica.name] == "prefill"
+            )
+            split = uncached > setup.dynamo_max_local_prefill and queue < setup.dynamo_max_prefill_queue
+            return split, f"dynamo {uncached} tokens, prefill queue {queue}"
+        assert self.router is not None
+        decode = self._by_name[decision.backend].state()
+        if self.roles[decision.backend] == "decode":
+            # As gateway/pd_dispatch.py: a decode-only replica measures only transfer tails' prefill.
+            decode = replace(decode, prefill_tokens_per_s=None)
+        choice = decide_disaggregation(
+            route,
+            decode,
+            decision.predicted_cached_tokens,
+            prefill.backend.state(),
+            prefill.ticket.decision.predicted_cached_tokens,
+            self.router.config,
+            self.router.config.disaggregation,
+            setup.transfer_s_per_token,
+            prefill_decodes=self.roles[prefill.backend.replica.name] == "both",
+        )
+        return choice.disaggregate, choice.reason
+
+    def _dispatch_split(
+        self,
+        decision: RouteDecision,
+        ticket: RouteTicket,
+        kv_blocks: int,
+        prefill: _Prefill,
+        route: RouteRequest,
+        prompt: list[int],
+        result: RequestResult,
+        finished: Callable[[SimRequest, float], None],
+    ) -> None:
+        """Prefill leg, pull, decode leg; the gateway counts the request on both replicas."""
+        assert self.router is not None
+        router = self.router
+        decode, source = self._by_name[decision.backend], prefill.backend
+        result.backend, result.status = decode.replica.name, 200
+        decode_flight = InFlight(router, Placement(decode, ticket, 0, kv_blocks), 0)
+        leg_flight = InFlight(
+            router, Placement(source, prefill.ticket, prefill.uncached, prefill.kv_blocks), prefill.uncached
+        )
+        decode_flight.sent()
+        leg_flight.sent()
+
+        def prefill_first_token(now: float) -> None:
+            leg_flight.first_token()
+
+        def prefill_done(sim_request: SimRequest, now: float) -> None:
+            leg_flight.finish(sim_request.seq.num_cached_tokens, ok=True)
+            self._schedule(now, self._pump_admission)
+            held = decode.replica.prefix_hit_blocks(prompt)
+            moved = max((len(prompt) - 1) // self.fleet.block_size - held, 0)
+            transfer_s = moved * self.fleet.block_size * self.setup.transfer_s_per_token
+            leg = SplitLeg(source.replica.name, decode.replica.name, now, moved, transfer_s)
+            self.pd.legs[route.request_id] = leg
+            pinned = sim_request.pinned
+            self._schedule(now + transfer_s, lambda: decode_leg(held, moved, pinned))
+
+        def decode_leg(held: int, moved: int, pinned: list[int]) -> None:
+            source.replica.unpin(pinned)
+            session = retention_hint(route, decision) if self.fleet.retention else None
+            replica = decode.replica
+            replica.add_pulled(prompt, route.max_tokens, self.now, held, moved, lambda now: None, decode_done, session)
+            self._start_step(replica)
+
+        def decode_done(sim_request: SimRequest, now: float) -> None:
+            decode_flight.finish(sim_request.seq.num_cached_tokens, ok=True)
+            finished(sim_request, now)
+            self._schedule(now, self._pump_admission)
+
+        source.replica.add(prompt, 1, self.now, prefill_first_token, prefill_done, hold_prompt_blocks=True)
+        self._start_step(source.replica)

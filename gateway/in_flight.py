@@ -1,0 +1,40 @@
+"""A placed request from the moment it goes to its replica until it ends: the bookkeeping every
+driver settles the same way.
+
+Entering takes the replica's slot, its KV reservation and its queued prefill (``Backend.occupy``);
+``sent`` tells the router where the request went (its index insert), ``first_token`` ends its queued
+prefill, ``finish`` frees the replica and calibrates (or undoes) the router's prediction. The
+gateway's dispatcher (gateway/dispatch.py) and ``kvgate bench simulate`` (bench/sim/simulate.py) both
+settle a request through this class; waking whoever waits for room is the driver's own.
+"""
+
+from gateway.backends.pool import Backend
+from gateway.routing.placement import Placement
+from gateway.routing.router import Router
+
+
+class InFlight:
+    def __init__(self, router: Router, placement: Placement[Backend], prefill_tokens: int) -> None:
+        self._router = router
+        self._placement = placement
+        self._occupancy = placement.backend.occupy(prefill_tokens, placement.kv_blocks)
+        self._prefill_done = self._occupancy.__enter__()
+        self._finished = False
+
+    def sent(self) -> None:
+        """The request was written to its replica (once per ticket; later calls do nothing)."""
+        self._router.on_routed(self._placement.ticket, self._placement.backend.name)
+
+    def first_token(self) -> None:
+        """The replica has prefilled the prompt: it is no longer queued work there."""
+        self._prefill_done()
+
+    def finish(self, cached_tokens: int | None, ok: bool) -> None:
+        """The request ended, answered (``ok``, with the replica's ``cached_tokens`` when it reported
+        them) or not; a second call does nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        self._occupancy.__exit__(None, None, None)
+        self.sent()
+        self._router.on_finished(self._placement.ticket, cached_tokens, ok=ok)
