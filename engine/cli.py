@@ -13,7 +13,10 @@ from engine.core.config import AUTO_DTYPE, DEFAULT_MODEL, DTYPE_CHOICES, MAX_DEF
 from engine.core.host_kv_pool import GIB, host_kv_blocks
 from engine.core.kv_budget import KVBudget, KVBudgetError, plan_kv_budget
 from engine.core.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventPublisher
+from engine.core.kv_transfer_blocks import BlockIO, SimBlockIO
+from engine.core.kv_transfer_config import KVTransferConfig, KVTransferConfigError, parse_kv_transfer_config
 from engine.core.llm_engine import LLMEngine
+from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import Scheduler
 from engine.core.session_retention import (
     DEFAULT_MAX_SESSION_TTL_S,
@@ -31,10 +34,7 @@ from engine.model.lora_modules import (
 )
 from engine.model.runner_api import ModelRunner
 from engine.server.kv_connector import KvgateConnector
-from engine.server.kv_transfer_blocks import BlockIO, SimBlockIO
-from engine.server.kv_transfer_config import KVTransferConfig, KVTransferConfigError, parse_kv_transfer_config
 from engine.server.load_publisher import DEFAULT_INTERVAL_S, LoadPublisher
-from engine.server.metrics import EngineMetrics
 from engine.server.server import EngineServer
 from engine.sim.sim_runner import SIM_PRESETS, SIM_TEXT, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer

@@ -124,6 +124,29 @@ def upward_imports(root: Path = REPO) -> list[str]:
     return found
 
 
+ENGINE_LAYERS: dict[str, set[str]] = {
+    "model": set(),
+    "sim": {"model"},
+    "core": {"model", "sim"},
+    "server": {"model", "sim", "core"},
+}
+"""Inside ``engine/``: the model and the cost model compute a step, the core schedules over either,
+the server serves the core; none imports back up."""
+
+
+def upward_engine_imports(root: Path = REPO) -> list[str]:
+    """``file imports module`` for every import of an engine sub-package its own may not import."""
+    found = []
+    for package, allowed in ENGINE_LAYERS.items():
+        for path in sorted((root / "engine" / package).rglob("*.py")):
+            for module in sorted(imported_modules(path)):
+                parts = module.split(".")
+                target = parts[1] if parts[0] == "engine" and len(parts) > 1 else None
+                if target in ENGINE_LAYERS and target != package and target not in allowed:
+                    found.append(f"{path.relative_to(root)} imports {module}")
+    return sorted(found)
+
+
 COMPOSITION_ROOT = "gateway.wiring.state"
 APP_FACTORIES = {"gateway/wiring/app.py", "gateway/admin/app.py", "gateway/epp/server.py"}
 """The HTTP gateway's app factory, its ``/admin`` sub-app's, and the endpoint picker's composition root."""
@@ -186,6 +209,23 @@ def test_the_walk_finds_upward_imports(tmp_path: Path) -> None:
     assert upward_imports(tmp_path) == [
         "engine/bad.py imports gateway.config",
         "radix/bad.py imports gateway.wiring.state",
+    ]
+
+
+def test_engine_sub_packages_import_only_down() -> None:
+    assert upward_engine_imports() == []
+
+
+def test_the_walk_finds_an_engine_core_module_reaching_into_the_server(tmp_path: Path) -> None:
+    (tmp_path / "engine" / "core").mkdir(parents=True)
+    (tmp_path / "engine" / "model").mkdir(parents=True)
+    (tmp_path / "engine" / "core" / "loop.py").write_text(
+        "from engine.server.metrics import M\nfrom engine.model import x\n"
+    )
+    (tmp_path / "engine" / "model" / "runner.py").write_text("import engine.core.loop\n")
+    assert upward_engine_imports(tmp_path) == [
+        "engine/core/loop.py imports engine.server.metrics",
+        "engine/model/runner.py imports engine.core.loop",
     ]
 
 

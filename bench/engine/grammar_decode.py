@@ -21,11 +21,11 @@ import torch
 
 from engine.core.block_manager import BlockManager
 from engine.core.llm_engine import LLMEngine
+from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import Scheduler
 from engine.model.grammar import GrammarCompiler
 from engine.model.model_runner import TorchModelRunner
 from engine.model.runner_api import SamplingParams
-from engine.server.metrics import EngineMetrics
 from normalize.chat_tokenizer import ChatTokenizer
 
 MODEL = "smollm2-135m"

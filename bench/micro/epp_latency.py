@@ -13,6 +13,11 @@ system prompts of that size, fresh questions: bench/micro/overhead.py's bodies) 
   plus the two response-phase round trips. Envoy's own work is not in it; our Python gRPC
   client's is, so it is an upper bound on the picker's share.
 
+Then, with ``--concurrent-tokens``, GIE#2928's case: ``--latency-concurrency`` requests in flight at
+once (20), each with a prompt no other request shares (about 220 KB of text at 50,000 tokens), so
+every one is normalized and tokenized cold: the same three fronts, each request's latency under
+that concurrency.
+
 Then picks per second: ``--concurrency`` streams doing the whole sequence with the smallest size
 for ``--seconds``; the picker has one core, the client (a Python process) shares the other, so
 this is a lower bound. The core's own rate, without gRPC, is measured in this process too.
@@ -49,7 +54,7 @@ from bench.harness.processes import (
     module_command,
     wait_ready,
 )
-from bench.micro.overhead import chat_bodies, sequential_latencies
+from bench.micro.overhead import chat_bodies, concurrent_latencies, sequential_latencies
 from gateway.backends.proxy import UpstreamOutcome
 from gateway.config import load_config
 from gateway.epp.pick import pick
@@ -131,6 +136,22 @@ async def epp_latencies(target: str, bodies: Sequence[bytes]) -> tuple[list[floa
             picks.append(pick)
             added.append(total)
         return picks, added
+
+
+async def concurrent_epp_latencies(
+    target: str, bodies: Sequence[bytes], concurrency: int
+) -> tuple[list[float], list[float]]:
+    """Each request's pick and added time through the picker with ``concurrency`` streams at once."""
+    semaphore = asyncio.Semaphore(concurrency)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = ExternalProcessorStub(channel)
+
+        async def one(body: bytes) -> tuple[float, float]:
+            async with semaphore:
+                return await epp_request(stub, body)
+
+        timings = await asyncio.gather(*(one(body) for body in bodies))
+    return [pick for pick, _ in timings], [added for _, added in timings]
 
 
 async def picks_per_second(target: str, bodies: Sequence[bytes], concurrency: int, seconds: float) -> float:
@@ -235,6 +256,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=100, help="sequential requests per size and front")
     parser.add_argument("--concurrency", type=int, default=32, help="streams for picks per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the picks-per-second run")
+    parser.add_argument(
+        "--concurrent-tokens", type=int, default=0, help="prompt tokens of the concurrent distinct-prompt run (0: none)"
+    )
+    parser.add_argument("--concurrent-requests", type=int, default=100, help="requests per front in that run")
+    parser.add_argument("--latency-concurrency", type=int, default=20, help="requests in flight at once in that run")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "epp-latency")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -247,6 +273,11 @@ def main(argv: list[str]) -> int:
         gateway, picker, target, config_path = start_fronts(backend.url, args.out)
         try:
             rows, rate = asyncio.run(_measure(backend.url, gateway.url, target, tokenizer, sizes, args))
+            concurrent = (
+                asyncio.run(_measure_concurrent(backend.url, gateway.url, target, tokenizer, args))
+                if args.concurrent_tokens
+                else None
+            )
             smallest = chat_bodies(tokenizer, 256, sizes[0], seed=1)
             core_rate = asyncio.run(in_process_picks_per_second(config_path, smallest, args.seconds))
         finally:
@@ -258,8 +289,19 @@ def main(argv: list[str]) -> int:
     markdown += markdown_table(rows) + f"\n\nPicks per second (one core, {args.concurrency} streams, "
     markdown += f"{sizes[0]:,}-token prompts, through gRPC from a Python client): {rate:,.0f}; "
     markdown += f"the core alone (pick + settle in process, no gRPC, CPU 0): {core_rate:,.0f}\n"
+    if concurrent is not None:
+        row, kilobytes = concurrent
+        markdown += (
+            f"\n## At {args.latency_concurrency} in flight, every prompt distinct (about {kilobytes:,.0f} KB, "
+            f"{args.concurrent_requests} requests per front)\n\n" + markdown_table([row]) + "\n"
+        )
     (args.out / "report.md").write_text(markdown)
-    report = {"rows": [asdict(row) for row in rows], "picks_per_s": rate, "core_picks_per_s": core_rate}
+    report = {
+        "rows": [asdict(row) for row in rows],
+        "picks_per_s": rate,
+        "core_picks_per_s": core_rate,
+        "concurrent": asdict(concurrent[0]) if concurrent else None,
+    }
     (args.out / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(markdown)
     return 0
@@ -293,3 +335,23 @@ async def _measure(
     smallest = chat_bodies(tokenizer, 256, sizes[0], seed=1)
     rate = await picks_per_second(target, smallest, args.concurrency, args.seconds)
     return rows, rate
+
+
+async def _measure_concurrent(
+    backend_url: str, gateway_url: str, target: str, tokenizer: ChatTokenizer, args: argparse.Namespace
+) -> tuple[LatencyRow, float]:
+    """GIE#2928's case: distinct long prompts, ``--latency-concurrency`` at once; (row, mean KB a body)."""
+    size, count, concurrency = args.concurrent_tokens, args.concurrent_requests, args.latency_concurrency
+    print(f"-- {size} tokens, {concurrency} in flight, every prompt distinct", flush=True)
+    fronts = [chat_bodies(tokenizer, count, size, seed=size + front, distinct_systems=count) for front in range(3)]
+    await _answers_200(gateway_url, fronts[0][0])
+    direct = await concurrent_latencies(backend_url, fronts[0], concurrency)
+    through_gateway = await concurrent_latencies(gateway_url, fronts[1], concurrency)
+    picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency)
+    d50, d99 = (float(value) for value in np.percentile(direct, [50, 99]))
+    g50, g99 = (float(value) for value in np.percentile(through_gateway, [50, 99]))
+    p50, p99 = (float(value) for value in np.percentile(picks, [50, 99]))
+    a50, a99 = (float(value) for value in np.percentile(epp_added, [50, 99]))
+    ms = 1000.0
+    row = LatencyRow(size, d50 * ms, (g50 - d50) * ms, (g99 - d99) * ms, p50 * ms, p99 * ms, a50 * ms, a99 * ms)
+    return row, float(np.mean([len(body) for body in fronts[2]])) / 1000.0

@@ -50,11 +50,14 @@ class OverheadRow:
     """Highest swept rate with p99 under the bound and no errors (0: none)."""
 
 
-def chat_bodies(tokenizer: ChatTokenizer, count: int, prompt_tokens: int, seed: int = 0) -> list[bytes]:
-    """``count`` chat requests of about ``prompt_tokens`` tokens: 16 system prompts, fresh questions."""
+def chat_bodies(
+    tokenizer: ChatTokenizer, count: int, prompt_tokens: int, seed: int = 0, distinct_systems: int = 16
+) -> list[bytes]:
+    """``count`` chat requests of about ``prompt_tokens`` tokens: ``distinct_systems`` system prompts
+    (``count`` of them: no two requests share a prefix), fresh questions."""
     rng = random.Random(seed)
     vocab = round_trip_vocab(tokenizer)
-    systems = [tokenizer.decode(random_tokens(rng, prompt_tokens - 48, vocab)) for _ in range(16)]
+    systems = [tokenizer.decode(random_tokens(rng, prompt_tokens - 48, vocab)) for _ in range(distinct_systems)]
     return [
         orjson.dumps(
             {
@@ -68,6 +71,21 @@ def chat_bodies(tokenizer: ChatTokenizer, count: int, prompt_tokens: int, seed: 
         )
         for index in range(count)
     ]
+
+
+async def concurrent_latencies(url: str, bodies: Sequence[bytes], concurrency: int) -> list[float]:
+    """Each request's latency with ``concurrency`` in flight at once."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(http: aiohttp.ClientSession, body: bytes) -> float:
+        async with semaphore:
+            started = time.perf_counter()
+            if not await _post(http, url, body):
+                raise RuntimeError(f"{url} refused or failed a request: a refusal would be fast and wrong")
+            return time.perf_counter() - started
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        return list(await asyncio.gather(*(one(http, body) for body in bodies)))
 
 
 async def sequential_latencies(url: str, bodies: Sequence[bytes]) -> list[float]:

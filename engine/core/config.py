@@ -2,13 +2,13 @@
 
 from dataclasses import dataclass
 
+from engine.core.kv_transfer_config import KVTransferConfig
 from engine.core.session_retention import (
     DEFAULT_MAX_SESSION_TTL_S,
     DEFAULT_SESSION_RETAIN_FRACTION,
     DEFAULT_SESSION_TTL_S,
 )
 from engine.model.lora_modules import DEFAULT_MAX_LORA_RANK, LoRAModule
-from engine.server.kv_transfer_config import KVTransferConfig
 from engine.sim.sim_runner import SimCosts
 
 DEFAULT_MODEL = "smollm2-135m"

@@ -24,14 +24,14 @@ from tokenizers import Tokenizer
 from engine.core.block_manager import BlockManager
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.kv_events import KVEventPublisher, Snapshot
+from engine.core.kv_transfer_blocks import BlockIO
+from engine.core.kv_transfer_types import KVHold, RemoteKV
+from engine.core.metrics import EngineMetrics
 from engine.core.prefill_rate import PrefillRate
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.model.lora_modules import LoRARef
 from engine.model.runner_api import ModelRunner, SamplingParams, TokenLogprobs
-from engine.server.kv_transfer_blocks import BlockIO
-from engine.server.kv_transfer_types import KVHold, RemoteKV
-from engine.server.metrics import EngineMetrics
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent

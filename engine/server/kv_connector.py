@@ -22,15 +22,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from engine.core.kv_transfer_blocks import BlockIO
+from engine.core.kv_transfer_config import KVTransferConfig
+from engine.core.kv_transfer_types import KVHold, RemoteKV
 from engine.core.llm_engine import LLMEngine
-from engine.server.kv_transfer_blocks import BlockIO
 from engine.server.kv_transfer_client import PullFailed, PullTarget, pull_blocks, release_hold
-from engine.server.kv_transfer_config import KVTransferConfig
 from engine.server.kv_transfer_holds import HoldRegistry
 from engine.server.kv_transfer_metrics import TransferMetrics
 from engine.server.kv_transfer_params import TransferRequest
 from engine.server.kv_transfer_server import PullServer
-from engine.server.kv_transfer_types import KVHold, RemoteKV
 
 log = logging.getLogger(__name__)
 

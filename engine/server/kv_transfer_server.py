@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from engine.server.kv_transfer_blocks import BlockIO
+from engine.core.kv_transfer_blocks import BlockIO
 from engine.server.kv_transfer_holds import Hold, HoldRegistry
 from engine.server.kv_transfer_metrics import TransferMetrics
 from engine.server.kv_transfer_wire import PullReply, PullRequest, WireError, encode, read_request

@@ -1,4 +1,4 @@
-"""The real pool's blocks as bytes (``engine.server.kv_transfer_blocks.BlockIO`` over ``PagedKVCache``).
+"""The real pool's blocks as bytes (``engine.core.kv_transfer_blocks.BlockIO`` over ``PagedKVCache``).
 
 A block's bytes are its K and V for every layer, ``[layers, 2, block_size, kv_heads, head_dim]``
 in the storage dtype, then (fp8) its ``[layers, 2]`` float32 scales; bytes are moved as bytes,

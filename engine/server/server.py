@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from engine.core.kv_transfer_types import RemoteKV
 from engine.core.llm_engine import EngineError, LLMEngine, RequestOutput
 from engine.core.session_hint import SessionHint, session_hint
 from engine.model.grammar import Grammar, GrammarCompiler
@@ -26,7 +27,6 @@ from engine.server.embeddings import embeddings_response
 from engine.server.kv_connector import KvgateConnector
 from engine.server.kv_transfer_params import FIELD as KV_TRANSFER_FIELD
 from engine.server.kv_transfer_params import NO_TRANSFER, TransferRequest, transfer_request
-from engine.server.kv_transfer_types import RemoteKV
 from engine.server.load_publisher import LoadPublisher
 from engine.server.logprobs_echo import PromptEcho, check_scored_request, prompt_text, refuse_chat_scoring, scored_top
 from engine.server.openai_checks import (

@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from engine.core.block_manager import BlockManager
 from engine.core.llm_engine import LLMEngine
+from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import Scheduler
 from engine.model.loader import load_model
 from engine.model.model_runner import TorchModelRunner
 from engine.model.runner_api import SamplingParams
-from engine.server.metrics import EngineMetrics
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import resolve_model
 from tests.engine.reference import transformers_greedy

@@ -9,9 +9,9 @@ import pytest
 
 from engine.core.block_manager import BlockManager
 from engine.core.llm_engine import EngineError, LLMEngine
+from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import Scheduler
 from engine.model.runner_api import SamplingParams, SeqChunk
-from engine.server.metrics import EngineMetrics
 from engine.sim.sim_runner import SIM_PRESETS, SimCosts, SimRunner
 from normalize.chat_tokenizer import ChatTokenizer
 

@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from engine.core.block_manager import BlockManager
 from engine.core.llm_engine import LLMEngine
+from engine.core.metrics import EngineMetrics
 from engine.core.scheduler import Scheduler
 from engine.model.lora_modules import LoRAModule, LoRARef, check_modules, lora_refs
 from engine.model.model_runner import TorchModelRunner
 from engine.model.runner_api import SamplingParams
-from engine.server.metrics import EngineMetrics
 from normalize.chat_tokenizer import ChatTokenizer
 from tests.lora_adapter import base_model_folder, make_lora_adapter
 

@@ -7,9 +7,9 @@ import struct
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.server.kv_transfer_blocks import SimBlockIO
+from engine.core.kv_transfer_blocks import SimBlockIO
+from engine.core.kv_transfer_config import KVTransferConfigError, parse_kv_transfer_config
 from engine.server.kv_transfer_client import PullFailed, PullTarget, pull_blocks, release_hold
-from engine.server.kv_transfer_config import KVTransferConfigError, parse_kv_transfer_config
 from engine.server.kv_transfer_holds import HoldRegistry
 from engine.server.kv_transfer_metrics import TransferMetrics
 from engine.server.kv_transfer_params import NO_TRANSFER, transfer_request
