@@ -118,7 +118,7 @@ class SegmentTokenizer:
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
         self._dropped_bytes = dropped_bytes(self.chat.tokenizer)
         """Bytes the tokenizer drops without a token (normalize/dropped_bytes.py): they count for none."""
-        self._dropped_chars = tuple(chr(value) for value in self._dropped_bytes if value < 0x80)
+        self._dropped_ascii = bytes(value for value in self._dropped_bytes if value < 0x80)
         """The ASCII ones: no other character is dropped whole."""
         self.verbatim_roles = self._verbatim_roles()
         """Roles whose message content the chat template copies into the prompt unchanged."""
@@ -181,7 +181,13 @@ class SegmentTokenizer:
         return math.ceil(chars / self.longest_token_bytes)
 
     def _kept_chars(self, text: str) -> int:
-        return len(text) - sum(map(text.count, self._dropped_chars))
+        """Characters of ``text`` but the ASCII ones the tokenizer drops. Counted on its UTF-8 bytes in
+        one pass: a byte below 0x80 there is always an ASCII character (a pass per dropped character
+        cost 0.4 ms on a 220 KB prompt)."""
+        if not self._dropped_ascii:
+            return len(text)
+        encoded = text.encode("utf-8", "surrogatepass")
+        return len(text) - (len(encoded) - len(encoded.translate(None, self._dropped_ascii)))
 
     def _splittable_special_tokens(self) -> dict[str, int]:
         """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the

@@ -2,7 +2,7 @@
 
 The stages the handler runs between reading a body and forwarding it (parse, normalize, render,
 tokenize, hash, route, index insert, ...), timed one request after another with the thread's CPU
-clock on the overhead benchmark's 2,048-token chats (16 system prompts, a fresh question each).
+clock on the overhead benchmark's chats (2,048 tokens by default; 16 system prompts, a fresh question each).
 No HTTP: what aiohttp, the upstream call and the telemetry cost is what ``bench.micro.overhead_ab``
 measures beyond the sum printed here. The first ``--warm-up`` requests are not counted.
 
@@ -45,7 +45,7 @@ class StageClock:
         self._last = now
 
 
-async def run(requests: int, warm_up: int) -> StageClock:
+async def run(requests: int, warm_up: int, prompt_tokens: int = 2048) -> StageClock:
     config = KvgateConfig.model_validate(
         {
             "model": MODEL,
@@ -57,7 +57,7 @@ async def run(requests: int, warm_up: int) -> StageClock:
     gateway = Gateway.build(config)
     model = gateway.models.resolve(MODEL).served
     backend = gateway.pool.backends["zero"]
-    bodies = chat_bodies(ChatTokenizer.load(MODEL), warm_up + requests, 2048)
+    bodies = chat_bodies(ChatTokenizer.load(MODEL), warm_up + requests, prompt_tokens)
     gc.collect()
     gc.freeze()
     clock = StageClock()
@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.micro.request_stages", description=__doc__)
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--warm-up", type=int, default=40)
+    parser.add_argument("--prompt-tokens", type=int, default=2048, help="tokens of each chat (16 system prompts)")
     args = parser.parse_args(argv)
-    clock = asyncio.run(run(args.requests, args.warm_up))
+    clock = asyncio.run(run(args.requests, args.warm_up, args.prompt_tokens))
     print("| stage | median (us) | mean (us) |\n|---|---|---|")
     for stage, samples in clock.samples.items():
         print(f"| {stage} | {statistics.median(samples) / 1e3:.1f} | {statistics.mean(samples) / 1e3:.1f} |")

@@ -101,3 +101,6 @@ def test_characters_the_tokenizer_drops_count_for_no_token(chat_tokenizer: ChatT
     assert tokenizer.min_chat_tokens([{"role": "user", "content": dropped * 50}]) == 0
     assert tokenizer.min_chat_tokens([{"role": "user", "content": "x" * 9000}]) > 0
     assert tokenizer.min_tokens("a" + dropped) == 1
+    mixed = ("é東" + dropped) * 500
+    kept = -(-1000 // tokenizer.longest_token_bytes)
+    assert tokenizer.min_chat_tokens([{"role": "user", "content": mixed}]) == kept, "characters, not bytes, kept"
