@@ -265,8 +265,9 @@ class Dispatcher:
         that failed before it was sent, before its failure undoes it (a ticket is settled once).
         On a model with P/D roles the request's prefill may run on another replica first
         (gateway/pd_dispatch.py): the decode replica's slot and KV are held meanwhile, its queued
-        prefill is not counted, and its reported ``cached_tokens`` (transferred KV included) does
-        not calibrate the router's prediction."""
+        prefill is not counted (unless the leg fails and it prefills the prompt itself), and its
+        reported ``cached_tokens`` (transferred KV included) does not calibrate the router's
+        prediction."""
         backend = placement.backend
         native = forwarding.native if backend.spec.anthropic_messages else None
         eligible = disaggregable(forwarding.path, forwarding.body, native is not None)
@@ -296,6 +297,8 @@ class Dispatcher:
             if plan.prefill is not None:
                 flight.sent()  # the decode replica will hold the prompt's blocks however the leg ends
                 body = await self._prefill_elsewhere(request, plan, decision, forwarding, body, answered)
+                if plan.params is None:
+                    flight.add_prefill(placement.uncached_tokens)  # the leg failed: it prefills here
                 decision = forwarding.progress.decision = plan.decode_decision(routed_decision)
             call = ProxyCall(
                 client=self.upstream,

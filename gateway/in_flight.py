@@ -8,22 +8,32 @@ gateway's dispatcher (gateway/dispatch.py) and ``kvgate bench simulate`` (bench/
 settle a request through this class; waking whoever waits for room is the driver's own.
 """
 
+from typing import TypeVar
+
 from gateway.backends.pool import Backend
 from gateway.routing.placement import Placement
 from gateway.routing.router import Router
 
+BackendT = TypeVar("BackendT", bound=Backend)
+
 
 class InFlight:
-    def __init__(self, router: Router, placement: Placement[Backend], prefill_tokens: int) -> None:
+    def __init__(self, router: Router, placement: Placement[BackendT], prefill_tokens: int) -> None:
         self._router = router
-        self._placement = placement
+        self._ticket = placement.ticket
+        self._backend = placement.backend.name
         self._occupancy = placement.backend.occupy(prefill_tokens, placement.kv_blocks)
         self._prefill_done = self._occupancy.__enter__()
         self._finished = False
 
     def sent(self) -> None:
         """The request was written to its replica (once per ticket; later calls do nothing)."""
-        self._router.on_routed(self._placement.ticket, self._placement.backend.name)
+        self._router.on_routed(self._ticket, self._backend)
+
+    def add_prefill(self, tokens: int) -> None:
+        """The replica prefills ``tokens`` more of the prompt than the request was placed with (its
+        prefill leg elsewhere failed): queued work there until its first token."""
+        self._occupancy.add_prefill(tokens)
 
     def first_token(self) -> None:
         """The replica has prefilled the prompt: it is no longer queued work there."""
@@ -37,4 +47,4 @@ class InFlight:
         self._finished = True
         self._occupancy.__exit__(None, None, None)
         self.sent()
-        self._router.on_finished(self._placement.ticket, cached_tokens, ok=ok)
+        self._router.on_finished(self._ticket, cached_tokens, ok=ok)

@@ -25,15 +25,16 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admission.kv_blocks import blocks_needed
 from gateway.backends.answered_errors import AnsweredErrors
 from gateway.backends.pool import Backend, BackendPool
 from gateway.backends.prefill_leg import prefill_body, read_prefill_answer, refuses_transfer
 from gateway.backends.proxy import ProxyCall, UpstreamAnswered, UpstreamFailed, UpstreamOutcome, forward
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
+from gateway.in_flight import InFlight
 from gateway.routing.pd_decider import PdDecision, decide_disaggregation
-from gateway.routing.router import Router, RouteTicket
+from gateway.routing.placement import Placement, place
+from gateway.routing.router import Router
 from gateway.routing.types import RouteDecision, RouteRequest
 
 log = logging.getLogger("kvgate.pd")
@@ -97,19 +98,11 @@ class PdOutcome:
 
 
 @dataclass
-class PrefillPlan:
-    backend: Backend
-    ticket: RouteTicket
-    uncached_tokens: int
-    kv_blocks: int
-
-
-@dataclass
 class PdPlan:
     """What ``Disaggregation.plan`` decided for one attempt; ``outcome`` None: P/D does not apply."""
 
     outcome: PdOutcome | None = None
-    prefill: PrefillPlan | None = None
+    prefill: Placement[Backend] | None = None
     params: dict[str, Any] | None = field(default=None, repr=False)
     """The prefill answer's ``kv_transfer_params``, once its leg succeeded."""
 
@@ -202,16 +195,10 @@ class Disaggregation:
             for backend in self.pool.prefill_usable(request.model)
             if backend is not decode and backend.has_room and backend.serves_adapter(request.adapter)
         ]
-        while candidates:
-            ticket = self.router.route(leg_request, [backend.state() for backend in candidates], may_hold=False)
-            prefill = self.pool.backends[ticket.decision.backend]
-            uncached = request.prompt_tokens - ticket.decision.predicted_cached_tokens
-            kv_blocks = blocks_needed(uncached, 1, self.block_size)
-            if prefill.fits(kv_blocks):
-                break
-            candidates.remove(prefill)
-        else:
+        leg = place(self.router, leg_request, candidates, self.block_size, may_hold=False)
+        if leg is None:
             return PdPlan(PdOutcome(PdChoice.LOCAL_NO_PREFILL_REPLICA))
+        prefill, ticket = leg.backend, leg.ticket
         config = self.router.config
         verdict = decide_disaggregation(
             request,
@@ -227,7 +214,7 @@ class Disaggregation:
         outcome = PdOutcome(choice, prefill.name, str(ticket.decision.reason), estimate=verdict.reason)
         if not verdict.disaggregate:
             return PdPlan(outcome)
-        return PdPlan(outcome, PrefillPlan(prefill, ticket, uncached, kv_blocks))
+        return PdPlan(outcome, leg)
 
     async def run_leg(
         self,
@@ -246,35 +233,31 @@ class Disaggregation:
         replica serves the request, taken as the request's fault if the decode replica answers 5xx too."""
         prefill, outcome = plan.prefill, plan.outcome
         assert prefill is not None and outcome is not None, "run_leg follows a plan that disaggregates"
-        backend, ticket = prefill.backend, prefill.ticket
+        backend = prefill.backend
         started = time.perf_counter()
         cached: int | None = None
         ok = False
-
-        def routed() -> None:
-            self.router.on_routed(ticket, backend.name)
-
+        flight = InFlight(self.router, prefill, prefill.uncached_tokens)
         try:
-            with backend.occupy(prefill.uncached_tokens, prefill.kv_blocks):
-                call = ProxyCall(
-                    client=self.upstream,
-                    url=f"{backend.spec.url}{form.path}",
-                    body=prefill_body(form.body),
-                    stream=False,
-                    include_usage=False,
-                    headers=form.response_headers,
-                    timeouts=timeouts,
-                    max_tokens=1,
-                    prompt_tokens=request.prompt_tokens,
-                    on_sent=routed,
-                    upstream_headers={
-                        **backend.spec.upstream_headers(),
-                        **form.upstream_headers,
-                        **plan.upstream_headers(request),
-                    },
-                    redactor=backend.redactor,
-                )
-                response, answer = await forward(call, client)
+            call = ProxyCall(
+                client=self.upstream,
+                url=f"{backend.spec.url}{form.path}",
+                body=prefill_body(form.body),
+                stream=False,
+                include_usage=False,
+                headers=form.response_headers,
+                timeouts=timeouts,
+                max_tokens=1,
+                prompt_tokens=request.prompt_tokens,
+                on_sent=flight.sent,
+                upstream_headers={
+                    **backend.spec.upstream_headers(),
+                    **form.upstream_headers,
+                    **plan.upstream_headers(request),
+                },
+                redactor=backend.redactor,
+            )
+            response, answer = await forward(call, client)
             if answer.status in _BUSY:
                 log.warning("prefill leg of %s answered %s on %s", request.request_id, answer.status, backend.name)
                 outcome.decision = PdChoice.PREFILL_FAILED
@@ -309,6 +292,5 @@ class Disaggregation:
             outcome.decision = PdChoice.PREFILL_FAILED
         finally:
             outcome.prefill_s = time.perf_counter() - started
-            routed()
-            self.router.on_finished(ticket, cached, ok=ok)
+            flight.finish(cached, ok)
             self.on_freed(backend.name)

@@ -30,10 +30,9 @@ from bench.harness.contenders import Contender
 from bench.harness.loadgen import RequestResult
 from bench.sim.sim_replica import SimRequest
 from bench.sim.simulate import SimBackend, SimFleet, VirtualFleet
-from gateway.admission.kv_blocks import blocks_needed
 from gateway.in_flight import InFlight
 from gateway.routing.pd_decider import decide_disaggregation
-from gateway.routing.placement import Placement
+from gateway.routing.placement import Placement, place
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import RouteTicket
 from gateway.routing.types import RouteDecision, RouteRequest
@@ -78,14 +77,6 @@ class SplitLeg:
     prefill_done_s: float
     moved_blocks: int
     transfer_s: float
-
-
-@dataclass
-class _Prefill:
-    backend: SimBackend
-    ticket: RouteTicket
-    uncached: int
-    kv_blocks: int
 
 
 @dataclass
@@ -135,7 +126,7 @@ class PdVirtualFleet(VirtualFleet):
         self._dispatch_split(decision, ticket, kv_blocks, prefill, route, prompt, result, finished)
         result.route_reason = f"{decision.reason} {why} prefill={prefill.backend.replica.name}"
 
-    def _prefill_choice(self, decision: RouteDecision, route: RouteRequest) -> _Prefill | None:
+    def _prefill_choice(self, decision: RouteDecision, route: RouteRequest) -> Placement[SimBackend] | None:
         """The router's pick among the replicas that prefill (the decode one excepted) with room."""
         assert self.router is not None
         candidates = [
@@ -143,18 +134,11 @@ class PdVirtualFleet(VirtualFleet):
             for backend in self.backends
             if self.roles[backend.replica.name] != "decode" and backend.replica.name != decision.backend
         ]
-        leg = replace(route, max_tokens=1)
-        while candidates:
-            ticket = self.router.route(leg, [backend.state() for backend in candidates], may_hold=False)
-            backend = self._by_name[ticket.decision.backend]
-            uncached = route.prompt_tokens - ticket.decision.predicted_cached_tokens
-            kv_blocks = blocks_needed(uncached, 1, self.fleet.block_size)
-            if backend.fits(kv_blocks):
-                return _Prefill(backend, ticket, uncached, kv_blocks)
-            candidates.remove(backend)
-        return None
+        return place(self.router, replace(route, max_tokens=1), candidates, self.fleet.block_size, may_hold=False)
 
-    def _decide(self, decision: RouteDecision, route: RouteRequest, prefill: _Prefill | None) -> tuple[bool, str]:
+    def _decide(
+        self, decision: RouteDecision, route: RouteRequest, prefill: Placement[SimBackend] | None
+    ) -> tuple[bool, str]:
         setup = self.setup
         if setup.decider == "never":
             return False, "pd-never"
@@ -197,7 +181,7 @@ class PdVirtualFleet(VirtualFleet):
         decision: RouteDecision,
         ticket: RouteTicket,
         kv_blocks: int,
-        prefill: _Prefill,
+        prefill: Placement[SimBackend],
         route: RouteRequest,
         prompt: list[int],
         result: RequestResult,
@@ -209,9 +193,7 @@ class PdVirtualFleet(VirtualFleet):
         decode, source = self._by_name[decision.backend], prefill.backend
         result.backend, result.status = decode.replica.name, 200
         decode_flight = InFlight(router, Placement(decode, ticket, 0, kv_blocks), 0)
-        leg_flight = InFlight(
-            router, Placement(source, prefill.ticket, prefill.uncached, prefill.kv_blocks), prefill.uncached
-        )
+        leg_flight = InFlight(router, prefill, prefill.uncached_tokens)
         decode_flight.sent()
         leg_flight.sent()
 

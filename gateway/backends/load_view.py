@@ -80,6 +80,16 @@ class LoadView:
         self._uncovered_prefill += prefill_tokens
         return request
 
+    def add_prefill(self, request: SentRequest, tokens: int) -> None:
+        """The replica has ``tokens`` more of the request's prompt to prefill than it was sent with (a
+        disaggregated request whose prefill leg failed: the decode replica prefills it itself)."""
+        request.prefill_tokens += tokens
+        self.own_prefill_tokens += tokens
+        if request.covered:
+            self._covered_prefilled -= tokens
+        else:
+            self._uncovered_prefill += tokens
+
     def on_prefilled(self, request: SentRequest) -> None:
         """The request's first token came: its prompt is no longer queued work."""
         tokens, request.prefill_tokens = request.prefill_tokens, 0

@@ -359,6 +359,12 @@ class Occupancy:
         self._sent = backend.load.on_sent(prefill_tokens)
         return self.prefill_done
 
+    def add_prefill(self, tokens: int) -> None:
+        """``tokens`` more of the request's prompt are to be prefilled here than it was counted with."""
+        self._backend.in_flight_prefill_tokens += tokens
+        self._pending_prefill += tokens
+        self._backend.load.add_prefill(self._sent, tokens)
+
     def prefill_done(self) -> None:
         backend = self._backend
         backend.in_flight_prefill_tokens -= self._pending_prefill

@@ -43,6 +43,8 @@ class PdReplica(FakeReplica):
     hold_prefill: bool = False
     """Wait on ``release`` before answering a prefill leg."""
     prefill_arrived: asyncio.Event | None = None
+    decode_arrived: asyncio.Event | None = None
+    """Set when a whole request (or a decode leg) arrives; it then waits on ``release``."""
     request_ids: list[str | None] = field(default_factory=list)
     """The ``X-Request-Id`` of every completion it got."""
 
@@ -70,6 +72,9 @@ class PdReplica(FakeReplica):
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         self.bodies.append(body)
+        if self.decode_arrived is not None:
+            self.decode_arrived.set()
+            await self.release.wait()
         if not body.get("stream"):
             return web.json_response(self.whole_answer())
         return await self.stream(request, body)
@@ -166,6 +171,23 @@ async def test_a_failed_prefill_leg_leaves_the_decode_replica_to_prefill_locally
         assert "kv_transfer_params" not in decode.bodies[0]
         assert pool.backends["a"].breaker._failures == 1, f"{behaviour}: the prefill replica was at fault"
         assert pool.backends["b"].in_flight == pool.backends["a"].in_flight == 0
+
+
+async def test_after_a_failed_prefill_leg_the_decode_replica_counts_the_prompt_as_its_queued_prefill() -> None:
+    """Routing must see the prefill the decode replica now does itself, until its first token."""
+    arrived = asyncio.Event()
+    prefill, decode = PdReplica(Behaviour.FAIL_500, params=PARAMS), PdReplica(decode_arrived=arrived)
+    async with replicas(prefill, decode) as urls, gateway(pd_config(urls), None) as client:
+        reply = asyncio.create_task(client.post("/v1/chat/completions", json=chat("a question")))
+        await asyncio.wait_for(arrived.wait(), 10)
+        backend = state(client).pool.backends["b"]
+        queued, reported = backend.in_flight_prefill_tokens, backend.state().queued_prefill_tokens
+        decode.release.set()
+        async with await reply as answer:
+            assert answer.status == 200 and "pd=prefill-leg-failed" in answer.headers["x-kvgate-route-reason"]
+        after = backend.in_flight_prefill_tokens
+    assert queued > 0 and reported == queued, "the whole uncached prompt is queued work on the decode replica"
+    assert after == 0
 
 
 async def test_a_prefill_answer_without_params_falls_back_to_a_local_prefill() -> None:

@@ -62,3 +62,26 @@ def test_vllm_reports_without_queued_tokens_use_own_prefill() -> None:
     view.on_report(report(4, 2, None))
     view.on_sent(70)
     assert view.now() == LoadNow(4, 3, 70)
+
+
+def test_prefill_added_after_the_send_is_counted_once_covered_or_not() -> None:
+    """A decode replica whose prefill leg failed prefills the prompt itself: its queue grows, then
+    empties at its first token, whether or not its last report counted the request."""
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    view.on_report(report(0, 0, 0))
+    uncovered = view.on_sent(0)
+    view.add_prefill(uncovered, 400)
+    assert view.now() == LoadNow(0, 1, 400)
+    clock.now += COVER_GRACE_S * 2
+    view.on_report(report(1, 0, 0))
+    covered = view.on_sent(0)
+    clock.now += COVER_GRACE_S * 2
+    view.on_report(report(2, 0, 0))
+    view.add_prefill(covered, 250)
+    assert view.now() == LoadNow(2, 0, 250), "its report said 0 queued: the 250 come on top"
+    view.on_prefilled(covered)
+    assert view.now() == LoadNow(2, 0, 0)
+    view.on_finished(covered)
+    view.on_finished(uncovered)
+    assert view.own_requests == view.own_prefill_tokens == 0
