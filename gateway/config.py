@@ -4,7 +4,7 @@ An unknown key or a wrong type stops start-up with a message naming the key and 
 """
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 
 from gateway.admission.config import AdminConfig, LimitsConfig, SharedStateConfig, TenantConfig, resolve_secret
 from gateway.backends.discovery_config import DiscoveryConfig
+from gateway.backends.replica_role import ReplicaRole
 from gateway.config_section import ConfigSection
 from gateway.observability.config import ObservabilityConfig
 from gateway.routing.config import RoutingConfig
@@ -40,6 +41,9 @@ class EngineSpec(ConfigSection):
     """When set, the engine publishes its load there (20 times a second) and every gateway routes on
     the replica's total load, not only on the requests it sent itself."""
     max_concurrency: int | None = Field(None, ge=1)
+    role: ReplicaRole = "both"
+    """Its phase in disaggregated prefill/decode (gateway/backends/replica_role.py). When any engine
+    has one, `kvgate up` starts every engine with the KV connector (`--kv-transfer-config`)."""
     args: list[str] = []
     """Further `kvgate engine` flags, verbatim (e.g. ["--sim", "--num-blocks", "2048"])."""
 
@@ -82,9 +86,8 @@ class BackendSpec(ConfigSection):
     """Name of the environment variable holding the upstream key (same as `api_key: env:NAME`)."""
     headers: dict[str, str] = {}
     """Extra headers sent upstream with every request: proxied ones, health checks, /v1/models, /stats, /metrics."""
-    role: Literal["prefill", "decode", "both"] = "both"
-    """Its phase in disaggregated prefill/decode (docs/routing.md): ``prefill`` replicas only get prefill
-    legs (never a client's whole request), ``decode`` replicas never get one, ``both`` serve either."""
+    role: ReplicaRole = "both"
+    """Its phase in disaggregated prefill/decode (gateway/backends/replica_role.py)."""
 
     @field_validator("url")
     @classmethod
@@ -250,6 +253,7 @@ def backend_for_engine(index: int, engine: EngineSpec) -> BackendSpec:
         kv_events=_zmq_endpoint(engine.host, engine.kv_events_port),
         kv_events_replay=_zmq_endpoint(engine.host, engine.kv_events_replay_port) if engine.kv_events_port else None,
         load_events=_zmq_endpoint(engine.host, engine.load_events_port),
+        role=engine.role,
     )
 
 

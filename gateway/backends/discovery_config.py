@@ -2,6 +2,7 @@
 
 from pydantic import Field, model_validator
 
+from gateway.backends.replica_role import ReplicaRole
 from gateway.config_section import ConfigSection
 
 
@@ -24,6 +25,8 @@ class DnsDiscovery(ConfigSection):
     nameserver: str | None = None
     """``ADDRESS`` or ``ADDRESS:PORT`` of the DNS server to ask; absent: the system's resolvers."""
     max_concurrency: int | None = Field(None, ge=1)
+    role: ReplicaRole = "both"
+    """The replicas' phase in disaggregated prefill/decode (gateway/backends/replica_role.py)."""
     """Per replica, as a backend's ``max_concurrency``."""
 
 
@@ -51,6 +54,8 @@ class KubernetesDiscovery(ConfigSection):
     kv_events_replay_port: int | None = Field(None, ge=1, le=65535)
     load_events_port: int | None = Field(None, ge=1, le=65535)
     max_concurrency: int | None = Field(None, ge=1)
+    role: ReplicaRole = "both"
+    """The replicas' phase in disaggregated prefill/decode (gateway/backends/replica_role.py)."""
     """Per replica, as a backend's ``max_concurrency``."""
 
     @model_validator(mode="after")

@@ -40,6 +40,7 @@ def backend_for(rule: DnsDiscovery, address: str) -> BackendSpec:
         kv_events_replay=socket(rule.kv_events_replay_port),
         load_events=socket(rule.load_events_port),
         max_concurrency=rule.max_concurrency,
+        role=rule.role,
     )
 
 

@@ -75,4 +75,5 @@ def _backend(rule: KubernetesDiscovery, address: str, port: int, rank: int, seve
         kv_events_replay=socket(rule.kv_events_replay_port),
         load_events=socket(rule.load_events_port),
         max_concurrency=rule.max_concurrency,
+        role=rule.role,
     )

@@ -40,6 +40,11 @@ def main(argv: list[str]) -> int:
     return asyncio.run(run_deployment(config, Path(args.config), args.workers, args.log_level))
 
 
+KV_CONNECTOR = '{"kv_role": "kv_both"}'
+"""The bundled engine's KV connector, as vLLM's NixlConnector is configured: every engine of a fleet
+with P/D roles gets it, since a ``both`` replica may serve either leg of a split request."""
+
+
 def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
     model = engine.model or config.model
     command = [sys.executable, "-m", "gateway.process.cli", "engine", "--host", engine.host, "--port", str(engine.port)]
@@ -50,6 +55,9 @@ def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
             command += ["--kv-events-replay", f"tcp://{engine.host}:{engine.kv_events_replay_port}"]
     if engine.load_events_port:
         command += ["--load-events", f"tcp://{engine.host}:{engine.load_events_port}"]
+    disaggregated = any(other.role != "both" for other in config.engines)
+    if disaggregated and "--kv-transfer-config" not in engine.args:
+        command += ["--kv-transfer-config", KV_CONNECTOR]
     return command + engine.args
 
 

@@ -48,7 +48,11 @@ def test_each_ready_pod_and_target_port_is_a_backend_with_its_ranks_socket_ports
         ("engine-10.1.0.6-8001", "http://10.1.0.6:8001", "tcp://10.1.0.6:5558"),
     ], "rank i's sockets are the ports + i, as vLLM offsets them by data-parallel rank"
     (v6,) = backends_for(KubernetesDiscovery(**RULE), PoolSpec((("app", "e"),), (8100,)), ["fd00::5"])
-    assert (v6.url, v6.kv_events) == ("http://[fd00::5]:8100", None)
+    assert (v6.url, v6.kv_events, v6.role) == ("http://[fd00::5]:8100", None, "both")
+    (decode,) = backends_for(
+        KubernetesDiscovery(**RULE, role="decode"), PoolSpec((("app", "e"),), (8100,)), ["10.1.0.7"]
+    )
+    assert decode.role == "decode", "a pool of decode pods: every pod it selects decodes"
 
 
 def test_the_config_refuses_bad_rules_with_a_clear_message() -> None:

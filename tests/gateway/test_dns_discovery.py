@@ -50,7 +50,8 @@ def test_a_rule_derives_each_replicas_url_and_sockets_from_its_address() -> None
         "tcp://10.1.2.3:5559",
     )
     bare = backend_for(DnsDiscovery(name="e", host="h", port=80), "10.0.0.1")
-    assert bare.kv_events is None and bare.load_events is None and bare.model is None
+    assert bare.kv_events is None and bare.load_events is None and bare.model is None and bare.role == "both"
+    assert backend_for(DnsDiscovery(name="p", host="h", port=80, role="prefill"), "10.0.0.2").role == "prefill"
 
 
 def test_a_rule_must_serve_a_known_model_and_names_are_unique() -> None:

@@ -44,3 +44,19 @@ def test_kvgate_up_wires_replay_and_load_sockets() -> None:
         ("--load-events", "tcp://127.0.0.1:5577"),
     ]:
         assert command[command.index(flag) + 1] == endpoint
+
+
+def test_engines_with_pd_roles_are_backends_of_those_roles_and_all_get_the_kv_connector() -> None:
+    engines = [{"port": 8101, "role": "prefill"}, {"port": 8102, "role": "decode"}, {"port": 8103}]
+    config = parse_config({"engines": engines}, "up")
+    assert [backend.role for backend in config.backends] == ["prefill", "decode", "both"]
+    for engine in config.engines:
+        command = engine_command(config, engine)
+        assert command[command.index("--kv-transfer-config") + 1] == '{"kv_role": "kv_both"}', engine
+    given = {"port": 8104, "role": "decode", "args": ["--kv-transfer-config", '{"kv_role": "kv_consumer"}']}
+    config = parse_config({"engines": [{"port": 8101, "role": "prefill"}, given]}, "up")
+    assert engine_command(config, config.engines[1]).count("--kv-transfer-config") == 1, "the engine's own wins"
+    aggregated = parse_config({"engines": [{"port": 8101}, {"port": 8102}]}, "up")
+    assert all("--kv-transfer-config" not in engine_command(aggregated, e) for e in aggregated.engines)
+    with pytest.raises(ConfigError, match="role"):
+        parse_config({"engines": [{"port": 8101, "role": "prefil"}]}, "typo")

@@ -30,7 +30,9 @@ def _wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
     return [pid for pid in pids if _alive(pid)]
 
 
-def _start_up(tmp_path: Path) -> tuple[ManagedProcess, list[int]]:
+def _start_up(
+    tmp_path: Path, roles: tuple[str, str] = ("both", "both"), routing: dict | None = None
+) -> tuple[ManagedProcess, list[int]]:
     port = free_port()
     engines = [
         {
@@ -39,12 +41,14 @@ def _start_up(tmp_path: Path) -> tuple[ManagedProcess, list[int]]:
             "kv_events_port": free_port(),
             "kv_events_replay_port": free_port(),
             "load_events_port": free_port(),
+            "role": roles[i],
             "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"],
         }
         for i in range(2)
     ]
     config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump({"listen": {"port": port}, "engines": engines}))
+    config = {"listen": {"port": port}, "engines": engines, **({"routing": routing} if routing else {})}
+    config_path.write_text(yaml.safe_dump(config))
     up = start(kvgate_cmd("up", "-c", str(config_path)), port, tmp_path / "up.log")
     return up, _child_pids(up.proc.pid)
 
@@ -68,6 +72,19 @@ def test_up_serves_then_stops_everything_on_sigterm(tmp_path: Path) -> None:
         os.kill(up.proc.pid, signal.SIGTERM)
         assert up.proc.wait(30) == 0
         assert _wait_gone(engines) == []
+    finally:
+        up.stop()
+
+
+def test_up_starts_a_pd_fleet_whose_engines_carry_the_kv_connector(tmp_path: Path) -> None:
+    """Roles on `engines:` are all it takes: each engine gets the connector, requests split."""
+    up, _ = _start_up(tmp_path, ("prefill", "decode"), {"disaggregation": {"mode": "always"}})
+    try:
+        body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi " * 200}], "max_tokens": 3}
+        reply = http("POST", f"{up.url}/v1/chat/completions", body)
+        assert reply.status == 200, reply.body
+        assert (reply.headers["x-kvgate-backend"], reply.headers["x-kvgate-prefill-backend"]) == ("sim-1", "sim-0")
+        assert "pd=disaggregated" in reply.headers["x-kvgate-route-reason"]
     finally:
         up.stop()
 
