@@ -237,6 +237,17 @@ async def _answers_200(url: str, body: bytes) -> None:
         assert reply.status == 200, await reply.text()
 
 
+def latency_row(
+    size: int, direct: Sequence[float], gateway: Sequence[float], picks: Sequence[float], added: Sequence[float]
+) -> LatencyRow:
+    """One table row from the latencies in seconds; the gateway's added latency is its percentile
+    minus the direct one (as ``bench overhead`` reports it)."""
+    d50, d99, g50, g99, p50, p99, a50, a99 = (
+        float(value) * 1000.0 for series in (direct, gateway, picks, added) for value in np.percentile(series, [50, 99])
+    )
+    return LatencyRow(size, d50, g50 - d50, g99 - d99, p50, p99, a50, a99)
+
+
 def markdown_table(rows: Sequence[LatencyRow]) -> str:
     lines = [
         "| prompt tokens | direct p50 ms | gateway added p50 / p99 ms | EPP pick p50 / p99 ms | EPP added p50 / p99 ms |",
@@ -324,14 +335,7 @@ async def _measure(
         await sequential_latencies(gateway_url, bodies[:5])
         through_gateway = await sequential_latencies(gateway_url, bodies)
         picks, epp_added = await epp_latencies(target, bodies)
-        d50, d99 = (float(value) for value in np.percentile(direct, [50, 99]))
-        g50, g99 = (float(value) for value in np.percentile(through_gateway, [50, 99]))
-        p50, p99 = (float(value) for value in np.percentile(picks, [50, 99]))
-        a50, a99 = (float(value) for value in np.percentile(epp_added, [50, 99]))
-        ms = 1000.0
-        rows.append(
-            LatencyRow(size, d50 * ms, (g50 - d50) * ms, (g99 - d99) * ms, p50 * ms, p99 * ms, a50 * ms, a99 * ms)
-        )
+        rows.append(latency_row(size, direct, through_gateway, picks, epp_added))
     smallest = chat_bodies(tokenizer, 256, sizes[0], seed=1)
     rate = await picks_per_second(target, smallest, args.concurrency, args.seconds)
     return rows, rate
@@ -359,11 +363,6 @@ async def _measure_concurrent(
         direct = await concurrent_latencies(backend_url, fronts[0], concurrency)
         through_gateway = await concurrent_latencies(gateway_url, fronts[1], concurrency)
         picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency)
-        d50, d99 = (float(value) for value in np.percentile(direct, [50, 99]))
-        g50, g99 = (float(value) for value in np.percentile(through_gateway, [50, 99]))
-        p50, p99 = (float(value) for value in np.percentile(picks, [50, 99]))
-        a50, a99 = (float(value) for value in np.percentile(epp_added, [50, 99]))
-        ms = 1000.0
-        row = LatencyRow(size, d50 * ms, (g50 - d50) * ms, (g99 - d99) * ms, p50 * ms, p99 * ms, a50 * ms, a99 * ms)
+        row = latency_row(size, direct, through_gateway, picks, epp_added)
         measured.append((row, float(np.mean([len(body) for body in fronts[2]])) / 1000.0))
     return measured
