@@ -14,6 +14,9 @@ class ScoringSettings(Protocol):
     def prefill_tokens_per_s(self) -> float: ...
 
     @property
+    def prefill_rate_spread(self) -> float: ...
+
+    @property
     def decode_wait_s_per_request(self) -> float: ...
 
     @property
@@ -73,9 +76,10 @@ class RouteContext:
     root every replica holds, such as a shared system prompt, does not make a one-shot prompt look
     like a hit."""
     assumed_prefill_rate: float = field(init=False)
-    """Prefill tokens/s of a replica that has not measured its own: the mean of those that have
-    (replicas of one model usually run on like hardware), else the configured rate. Mixing a
-    measured rate with a made-up one would starve or swamp the replica that measured first."""
+    """Prefill tokens/s of a replica that has not measured its own, or whose reading is within
+    ``prefill_rate_spread`` of it: the mean of those that have (replicas of one model usually run
+    on like hardware), else the configured rate. Mixing a measured rate with a made-up one would
+    starve or swamp the replica that measured first."""
 
     def __post_init__(self) -> None:
         held = [self.cached.get(replica.name, 0) for replica in self.replicas]
@@ -104,7 +108,10 @@ class RouteContext:
         return self.has_useful_match and self.cached.get(name, 0) == self.best_cached
 
     def prefill_rate(self, replica: ReplicaState) -> float:
-        return replica.prefill_tokens_per_s or self.assumed_prefill_rate
+        measured = replica.prefill_tokens_per_s
+        if not measured or abs(measured / self.assumed_prefill_rate - 1) <= self.config.prefill_rate_spread:
+            return self.assumed_prefill_rate
+        return measured
 
     def queue_wait_s(self, replica: ReplicaState) -> float:
         """Seconds before the replica starts on a new request: prefill queued ahead plus decode load."""
