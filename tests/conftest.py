@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.procs import ManagedProcess, http
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).resolve().parent
@@ -94,3 +96,50 @@ def _no_python_children_when_fast(request: pytest.FixtureRequest, monkeypatch: p
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
     yield
+
+
+SHARED_ENGINE_FLAGS = ("--num-blocks", "512", "--max-model-len", "2048", "--check-invariants")
+"""The plain bundled-model replicas that several end-to-end modules use, directly or behind their own
+gateway; each step checks the block manager's invariants, as tests/engine/test_engine_real.py wants."""
+
+
+SHARED_ENGINES = pytest.StashKey[list[ManagedProcess]]()
+LAST_SHARED_ENGINES_USER = pytest.StashKey[pytest.Item | None]()
+
+
+@pytest.fixture(scope="session")
+def shared_real_engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[ManagedProcess]]:
+    """Two real SmolLM2 engines (`kvgate engine`) started once per run: each costs seconds of model
+    loading, and the modules that use them need no flags of their own. Use ``real_engines``. They
+    stop after the last test that uses them (each holds ~2 GB), not at the end of the run."""
+    from tests.gateway_cluster import running, start_engine_set
+
+    folder = tmp_path_factory.mktemp("shared-real-engines")
+    with running(start_engine_set(folder, [SHARED_ENGINE_FLAGS, SHARED_ENGINE_FLAGS])) as engines:
+        request.session.stash[SHARED_ENGINES] = engines
+        yield engines
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [item for item in session.items if "shared_real_engines" in getattr(item, "fixturenames", ())]
+    session.stash[LAST_SHARED_ENGINES_USER] = users[-1] if users else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    if item is item.session.stash.get(LAST_SHARED_ENGINES_USER, None):
+        for engine in item.session.stash.get(SHARED_ENGINES, []):
+            engine.stop()
+
+
+@pytest.fixture(scope="module")
+def real_engines(shared_real_engines: list[ManagedProcess]) -> list[ManagedProcess]:
+    """The shared engines with empty prefix caches (and no session retained) for this module, so that
+    no earlier module's prompts are hits; counters keep counting, so read them as differences."""
+    for engine in shared_real_engines:
+        assert engine.proc.poll() is None, f"a shared engine exited:\n{engine.log()[-3000:]}"
+        assert http("POST", f"{engine.url}/reset_prefix_cache", b"").status == 200
+    return shared_real_engines

@@ -29,12 +29,13 @@ def rule_ports(ports: dict[str, int]) -> dict[str, int]:
 
 @contextmanager
 def engines_on(addresses: tuple[str, ...], ports: dict[str, int], folder: Path) -> Iterator[list[ManagedProcess]]:
-    """Simulated engines publishing KV events and load, one per address; stopped on exit."""
+    """Simulated engines publishing KV events and load, one per address; stopped on exit. Instant:
+    discovery, not step timing, is under test (the default preset takes 0.9 s a completion)."""
     started: list[ManagedProcess] = []
     try:
         for address in addresses:
             command = kvgate_cmd(
-                "engine", "--sim", "--host", address, "--port", str(ports["http"]),
+                "engine", "--sim", "--sim-preset", "instant", "--host", address, "--port", str(ports["http"]),
                 "--kv-events", f"tcp://{address}:{ports['kv_events']}",
                 "--kv-events-replay", f"tcp://{address}:{ports['kv_events_replay']}",
                 "--load-events", f"tcp://{address}:{ports['load_events']}",

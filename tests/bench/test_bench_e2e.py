@@ -7,6 +7,9 @@ import orjson
 from bench.cli import main
 from bench.harness.processes import free_port, http_ok, kvgate_command, launch, wait_ready
 
+INSTANT_SIM = ("--sim", "--sim-preset", "instant", "--num-blocks", "128", "--max-model-len", "2048")
+"""Given replicas that take no simulated time: the bench's hit rates, not its latencies, are checked."""
+
 
 def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
     code = main(
@@ -61,7 +64,7 @@ def test_tiny_shared_prefix_bench_reports_both_policies(tmp_path: Path) -> None:
 def test_given_replicas_are_reused_with_cold_caches(tmp_path: Path) -> None:
     replicas = [
         launch(
-            kvgate_command("engine", "--sim", "--port", str(port), "--num-blocks", "128", "--max-model-len", "2048"),
+            kvgate_command("engine", "--port", str(port), *INSTANT_SIM),
             port,
             tmp_path / f"engine-{port}.log",
         )

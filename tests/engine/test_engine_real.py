@@ -2,7 +2,6 @@
 and its OpenAI extras (logprobs, n > 1 with a seed, logit bias, embeddings) checked against transformers."""
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -20,7 +19,7 @@ from engine.model.runner_api import SamplingParams
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import resolve_model
 from tests.engine.reference import transformers_greedy
-from tests.procs import ManagedProcess, start_engine
+from tests.procs import ManagedProcess
 
 torch.set_num_threads(2)
 
@@ -94,12 +93,8 @@ def test_engine_greedy_matches_transformers_cold_warm_chunked_and_preempted(
 
 
 @pytest.fixture(scope="module")
-def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    process = start_engine(
-        tmp_path_factory.mktemp("real"), "--num-blocks", "256", "--max-model-len", "2048", "--check-invariants"
-    )
-    yield process
-    process.stop()
+def real_engine(real_engines: list[ManagedProcess]) -> ManagedProcess:
+    return real_engines[0]
 
 
 def test_real_model_answers_through_the_server(real_engine: ManagedProcess, tmp_path: Path) -> None:

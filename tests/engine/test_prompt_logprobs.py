@@ -1,8 +1,6 @@
 """``echo`` with ``logprobs`` and vLLM's ``prompt_logprobs`` on the real engine (bundled SmolLM2,
 float32): the prompt's token logprobs equal transformers' on the same weights."""
 
-from collections.abc import Iterator
-
 import httpx
 import openai
 import pytest
@@ -12,7 +10,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from engine.model.loader import load_model
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.model_files import resolve_model
-from tests.procs import ManagedProcess, start_engine
+from tests.procs import ManagedProcess
 
 torch.set_num_threads(2)
 
@@ -23,10 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    process = start_engine(tmp_path_factory.mktemp("echo"), "--num-blocks", "128", "--max-model-len", "512")
-    yield process
-    process.stop()
+def engine(real_engines: list[ManagedProcess]) -> ManagedProcess:
+    return real_engines[0]
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from tests.gateway_cluster import gateway_config, gateway_for, running
-from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.gateway_cluster import gateway_config, gateway_for
+from tests.procs import ManagedProcess, free_port, http
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -19,11 +19,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]
+) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
     tmp_path = tmp_path_factory.mktemp("stop-reason")
-    engines = [start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "1024")]
-    with running(engines), gateway_for(tmp_path, gateway_config(free_port(), engines)) as gateway:
-        yield engines[0], gateway
+    with gateway_for(tmp_path, gateway_config(free_port(), real_engines[:1])) as gateway:
+        yield real_engines[0], gateway
 
 
 def post(engine: ManagedProcess, path: str, body: dict) -> dict:

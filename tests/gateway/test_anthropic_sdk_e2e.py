@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from tests.gateway_cluster import gateway_config, gateway_for, running
-from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.gateway_cluster import gateway_config, gateway_for
+from tests.procs import ManagedProcess, free_port, http
 
 MODEL = "smollm2-135m"
 KEY = "sk-team"
@@ -29,17 +29,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, list[ManagedProcess]]]:
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]
+) -> Iterator[tuple[ManagedProcess, list[ManagedProcess]]]:
     tmp_path = tmp_path_factory.mktemp("anthropic-sdk")
-    flags = ("--num-blocks", "512", "--max-model-len", "2048")
-    with running([start_engine(tmp_path, *flags, name=f"engine-{i}") for i in range(2)]) as engines:
-        tenants = [
-            {"name": "team", "api_keys": [KEY]},
-            {"name": "tight", "api_keys": ["sk-tight"], "requests_per_minute": 1},
-        ]
-        config = gateway_config(free_port(), engines, tenants=tenants, routing={"policy": "cache_aware"})
-        with gateway_for(tmp_path, config) as gateway:
-            yield gateway, engines
+    tenants = [
+        {"name": "team", "api_keys": [KEY]},
+        {"name": "tight", "api_keys": ["sk-tight"], "requests_per_minute": 1},
+    ]
+    config = gateway_config(free_port(), real_engines, tenants=tenants, routing={"policy": "cache_aware"})
+    with gateway_for(tmp_path, config) as gateway:
+        yield gateway, real_engines
 
 
 @pytest.fixture

@@ -8,23 +8,22 @@ import openai
 import pytest
 import yaml
 
-from tests.procs import ManagedProcess, free_port, http, start_engine, start_gateway
+from tests.procs import ManagedProcess, free_port, http, start_gateway
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]
+) -> Iterator[ManagedProcess]:
     tmp_path = tmp_path_factory.mktemp("real-model")
-    engines = [
-        start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048", name=f"engine-{i}") for i in range(2)
-    ]
     port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "model": MODEL,
-        "backends": [{"name": f"engine-{i}", "url": engine.url} for i, engine in enumerate(engines)],
+        "backends": [{"name": f"engine-{i}", "url": engine.url} for i, engine in enumerate(real_engines)],
         "routing": {"policy": "round_robin"},
     }
     config_path = tmp_path / "config.yaml"
@@ -32,8 +31,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProc
     gateway = start_gateway(tmp_path, config_path, port)
     yield gateway
     gateway.stop()
-    for engine in engines:
-        engine.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.gateway_cluster import gateway_config, gateway_for
-from tests.procs import ManagedProcess, free_port, start_engine
+from tests.procs import ManagedProcess, free_port
 
 MODEL = "smollm2-135m"
 WEATHER = {
@@ -48,14 +48,10 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def gateway(tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]) -> Iterator[ManagedProcess]:
     tmp_path = tmp_path_factory.mktemp("responses-tools")
-    engine = start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048")
-    try:
-        with gateway_for(tmp_path, gateway_config(free_port(), [engine])) as process:
-            yield process
-    finally:
-        engine.stop()
+    with gateway_for(tmp_path, gateway_config(free_port(), real_engines[:1])) as process:
+        yield process
 
 
 @pytest.fixture

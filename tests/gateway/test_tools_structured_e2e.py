@@ -15,7 +15,7 @@ from langchain_core.messages import AIMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from tests.procs import ManagedProcess, free_port, http, start_engine, start_gateway
+from tests.procs import ManagedProcess, free_port, http, start_gateway
 
 MODEL = "smollm2-135m"
 WEATHER = {
@@ -62,9 +62,9 @@ class Loose(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def gateway(tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]) -> Iterator[ManagedProcess]:
     tmp_path = tmp_path_factory.mktemp("tools")
-    engine = start_engine(tmp_path, "--num-blocks", "256", "--max-model-len", "2048")
+    engine = real_engines[0]
     port = free_port()
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -76,7 +76,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess
     process = start_gateway(tmp_path, config_path, port)
     yield process
     process.stop()
-    engine.stop()
 
 
 @pytest.fixture

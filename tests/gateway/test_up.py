@@ -42,7 +42,7 @@ def _start_up(
             "kv_events_replay_port": free_port(),
             "load_events_port": free_port(),
             "role": roles[i],
-            "args": ["--sim", "--num-blocks", "256", "--max-model-len", "2048"],
+            "args": ["--sim", "--sim-preset", "instant", "--num-blocks", "256", "--max-model-len", "2048"],
         }
         for i in range(2)
     ]

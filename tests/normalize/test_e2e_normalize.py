@@ -20,7 +20,9 @@ NOISY = unicodedata.normalize("NFD", "\r\n".join(line + "  " for line in LINES))
 
 @pytest.fixture(params=[True, False], ids=["normalize-on", "normalize-off"])
 def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ManagedProcess, bool]]:
-    with gateway_with_engines(tmp_path, [("--sim", "--num-blocks", "512")], normalize={"enabled": request.param}) as gw:
+    with gateway_with_engines(
+        tmp_path, [("--sim", "--sim-preset", "instant", "--num-blocks", "512")], normalize={"enabled": request.param}
+    ) as gw:
         yield gw, request.param
 
 

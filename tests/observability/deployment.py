@@ -26,6 +26,8 @@ class Deployment:
 @contextmanager
 def deployment(tmp_path: Path, replicas: int = 2, extra_config: dict | None = None) -> Iterator[Deployment]:
     """Engines in `--sim` mode publishing KV events, and a gateway routing on them (precise mode).
+    The engines take no simulated time (``--sim-preset instant``): these tests read what the gateway
+    records and exports, not step timing.
 
     ``extra_config`` adds top-level sections to the gateway's config (tenants, admin key).
     """
@@ -38,6 +40,8 @@ def deployment(tmp_path: Path, replicas: int = 2, extra_config: dict | None = No
             engine = start_engine(
                 tmp_path,
                 "--sim",
+                "--sim-preset",
+                "instant",
                 "--block-size",
                 "16",
                 "--num-blocks",

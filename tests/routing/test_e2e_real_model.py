@@ -4,8 +4,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.gateway_cluster import MODEL, gateway_with_engines
-from tests.procs import ManagedProcess, http
+from tests.gateway_cluster import MODEL, gateway_config, gateway_for
+from tests.procs import ManagedProcess, free_port, http
 
 pytestmark = pytest.mark.slow
 
@@ -17,9 +17,10 @@ SYSTEM = (
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    real_model = ("--num-blocks", "256", "--max-model-len", "1024")
-    with gateway_with_engines(tmp_path_factory.mktemp("routing-real"), [real_model] * 2, routing={}) as gateway:
+def gateway(tmp_path_factory: pytest.TempPathFactory, real_engines: list[ManagedProcess]) -> Iterator[ManagedProcess]:
+    with gateway_for(
+        tmp_path_factory.mktemp("routing-real"), gateway_config(free_port(), real_engines, routing={})
+    ) as gateway:
         yield gateway
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway_cluster import gateway_config, gateway_for, running
-from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.gateway_cluster import gateway_config, gateway_for, running, start_engine_set
+from tests.procs import ManagedProcess, free_port, http
 from tests.routing.test_e2e_routing import MODEL, text
 
 NUM_BLOCKS = 32
@@ -38,18 +38,19 @@ def wait_until_routing_sees_idle_replicas(gateway: ManagedProcess) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ManagedProcess]]:
-    tmp_path = tmp_path_factory.mktemp("footprint-engines")
-    processes = [start_engine(tmp_path, *ENGINE, name=f"engine{index}") for index in range(2)]
-    with running(processes):
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
+    """Fresh replicas for each test. An engine keeps the prefill rate it measured (the routing's price of
+    a missed token) across ``/reset_prefix_cache``: replicas reused from an earlier test came with rates
+    measured on other traffic and under other machine load, and a holder measured slower than the other
+    replica lost conversations to it (a flake of the no-session-key case in a full run). A replica that
+    has measured nothing is priced at the mean of those that have, so the holder's edge stays its cache."""
+    with running(start_engine_set(tmp_path, [ENGINE, ENGINE])) as processes:
         yield processes
 
 
 def open_conversations(engines: list[ManagedProcess], tmp_path: Path, footprints: bool, keyed: bool) -> list[str]:
     """Each conversation's first turn, one after another; the replica each went to."""
-    for engine in engines:
-        assert http("POST", f"{engine.url}/reset_prefix_cache", b"").status == 200
     routing = {"policy": "cache_aware", "shared_prefix_requests": 1.0, "session_footprints": footprints}
     config = gateway_config(free_port(), engines, routing=routing)
     config["health"] = {"interval_s": 0.05}
