@@ -67,7 +67,7 @@ class RoutingConfig(ConfigSection):
     """A replica's measured prefill rate within this fraction of the mean of the candidates' is
     priced as that mean: the readings of like hardware differ with the recent mix of work (on an
     H100 preset by 5-10 %), and a replica that read a little faster took one request of a burst
-    too many and queued a tier behind the rest (``bench simulate`` hotspot burst, 8 x H100: 31-33
+    too many and queued a tier behind the rest (``bench simulate`` hotspot burst, 8 x H100: 31-34
     of 256 a replica read apart, 32 each priced alike). Replicas on other hardware differ by more
     and keep their own rate. 0: every replica its own rate."""
     decode_wait_s_per_request: float = Field(0.005, ge=0)
