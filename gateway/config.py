@@ -151,7 +151,8 @@ class TimeoutsConfig(ConfigSection):
     client_headers_s: float = Field(10.0, gt=0)
     """A client's request headers must arrive whole within this long (applies at start-up)."""
     client_body_s: float = Field(30.0, gt=0)
-    """A client's request body must arrive whole within this long (408 otherwise)."""
+    """A client's request body must arrive whole within this long (408 otherwise). The rest of a
+    body the gateway answered early is read and dropped for no longer than this (at most 10 s)."""
 
 
 class KvgateConfig(ConfigSection):

@@ -29,6 +29,11 @@ log = logging.getLogger("kvgate.http")
 
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default is an hour)."""
+LINGERING_S = 10.0
+"""After answering a request whose body is still arriving (a 408, 413 or 401 before the body was
+read), the rest is read and dropped for up to this long so that the client sees the answer
+rather than a reset (aiohttp's default). Never longer than ``timeouts.client_body_s``: a client
+that trickled its body past that limit is not given as long again on the same connection."""
 
 OnRefused = Callable[[OpenAIError], None]
 """Told of every request refused before the app saw it."""

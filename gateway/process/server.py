@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway.config import ConfigError, KvgateConfig, load_config
 from gateway.process import event_loop
 from gateway.process.background_threads import install_background_executor
-from gateway.process.http_server import GatewayRunner
+from gateway.process.http_server import LINGERING_S, GatewayRunner
 from gateway.process.workers.identity import WorkerIdentity
 from gateway.process.workers.parent import run_workers
 from gateway.process.workers.worker import make_worker, start_private_site
@@ -111,6 +111,7 @@ async def serve(config: KvgateConfig, config_path: Path | None = None, worker: W
     runner = GatewayRunner(
         app,
         header_timeout_s=config.timeouts.client_headers_s,
+        lingering_time=min(LINGERING_S, config.timeouts.client_body_s),
         on_refused=refusal_recorder(app),
         handler_cancellation=True,
         shutdown_timeout=SHUTDOWN_GRACE_S,

@@ -268,8 +268,9 @@ def test_slow_trickle_connections_are_timed_out(cluster: Cluster) -> None:
     with socket.create_connection(("127.0.0.1", cluster.port)) as sock:
         sock.sendall(head + f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n\r\n".encode())
         sock.sendall(body[:5])
-        answer = closed_within(sock, 15)
-    assert answer is not None and b" 408 " in answer.split(b"\r\n")[0]
+        answer = closed_within(sock, 8)
+    assert answer is not None, "still open: the rest of a timed-out body was awaited as long as aiohttp's 10 s linger"
+    assert b" 408 " in answer.split(b"\r\n")[0]
 
 
 def test_parser_errors_are_openai_shaped_and_quote_nothing(cluster: Cluster) -> None:
