@@ -22,12 +22,14 @@ class DnsDiscovery(ConfigSection):
     kv_events_replay_port: int | None = Field(None, ge=1, le=65535)
     load_events_port: int | None = Field(None, ge=1, le=65535)
     interval_s: float = Field(5.0, gt=0)
+    lookup_timeout_s: float = Field(3.0, gt=0)
+    """A lookup that takes longer failed (the last answer stays); cluster DNS answers in milliseconds."""
     nameserver: str | None = None
     """``ADDRESS`` or ``ADDRESS:PORT`` of the DNS server to ask; absent: the system's resolvers."""
     max_concurrency: int | None = Field(None, ge=1)
+    """Per replica, as a backend's ``max_concurrency``."""
     role: ReplicaRole = "both"
     """The replicas' phase in disaggregated prefill/decode (gateway/backends/replica_role.py)."""
-    """Per replica, as a backend's ``max_concurrency``."""
 
 
 class KubernetesDiscovery(ConfigSection):

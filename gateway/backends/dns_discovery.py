@@ -21,8 +21,6 @@ from gateway.config import BackendSpec
 
 log = logging.getLogger("kvgate.discovery")
 
-LOOKUP_TIMEOUT_S = 3.0
-"""A lookup that takes longer failed (the last answer stays); cluster DNS answers in milliseconds."""
 NO_RECORD = (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer)
 
 
@@ -59,7 +57,7 @@ async def lookup(rule: DnsDiscovery, resolver: dns.asyncresolver.Resolver) -> li
     name goes through the resolver's search domains, as a pod's own lookups do (``engine`` finds the
     Service ``engine`` of the pod's namespace)."""
     try:
-        answer = await resolver.resolve(rule.host, "A", lifetime=LOOKUP_TIMEOUT_S, search=True)
+        answer = await resolver.resolve(rule.host, "A", lifetime=rule.lookup_timeout_s, search=True)
     except NO_RECORD:
         return []
     except dns.exception.DNSException as exc:

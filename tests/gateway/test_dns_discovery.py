@@ -34,6 +34,8 @@ from tests.procs import ManagedProcess, free_port, http
 HOST = "engines.kvgate.test"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 INTERVAL_S = 0.3
+LOOKUP_TIMEOUT_S = 0.5
+"""dnsmasq answers in well under a millisecond; a stopped one fails a lookup after this."""
 DNSMASQ = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
 
 
@@ -134,6 +136,7 @@ def start_dns_gateway(tmp_path: Path, dnsmasq: Dnsmasq, ports: dict[str, int]) -
         "port": ports["http"],
         **rule_ports(ports),
         "interval_s": INTERVAL_S,
+        "lookup_timeout_s": LOOKUP_TIMEOUT_S,
         "nameserver": f"127.0.0.1:{dnsmasq.port}",
     }
     return start_discovering_gateway(tmp_path, {"dns": [rule]})
