@@ -23,6 +23,7 @@ from below without tokenizing it, so a prompt that cannot fit is refused before 
 
 import asyncio
 import math
+import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,8 @@ from normalize.byte_level_words import ByteLevelWords
 from normalize.byte_lru import ByteLRU
 from normalize.chat_tokenizer import ChatTokenizer, TemplateError
 from normalize.dropped_bytes import dropped_bytes
+from normalize.text_chunks import CHUNK_CHARS, cut, cuts_are_exact
+from normalize.tiktoken_bpe import tiktoken_for_file
 
 OFFLOAD_CHARS = 2000
 """Uncached text longer than this is tokenized on a worker thread by ``encode_*_async``."""
@@ -96,7 +99,13 @@ class SegmentTokenizer:
     tokenizer call itself to a worker thread.
     """
 
-    def __init__(self, chat_tokenizer: ChatTokenizer, cache_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        chat_tokenizer: ChatTokenizer,
+        cache_bytes: int = 64 << 20,
+        chunk_chars: int | None = CHUNK_CHARS,
+        tiktoken: bool = True,
+    ) -> None:
         self.chat = chat_tokenizer
         _without_word_cache(chat_tokenizer.tokenizer)
         self._cache: ByteLRU[int, list[int]] = ByteLRU(cache_bytes, _ids_bytes)
@@ -104,6 +113,19 @@ class SegmentTokenizer:
         self._in_flight: dict[int, tuple[asyncio.Future[list[list[int]]], int]] = {}
         self.hits = 0
         self.misses = 0
+        self._tiktoken = (
+            tiktoken_for_file(chat_tokenizer.folder / "tokenizer.json", chat_tokenizer.tokenizer, _PROBE_TEXTS)
+            if tiktoken
+            else None
+        )
+        """The tokenizer run by tiktoken, where it gives the same ids (normalize/tiktoken_bpe.py)."""
+        cores = len(os.sched_getaffinity(0))
+        self._piece_executor = (
+            ThreadPoolExecutor(max_workers=cores, thread_name_prefix="kvgate-tokenize-piece")
+            if self._tiktoken is not None and cores > 1
+            else None
+        )
+        """Runs tiktoken on the pieces of long text, one a core (it releases the GIL)."""
         self._special_ids = self._splittable_special_tokens()
         self._words: ByteLevelWords | None = None
         """Short uncached ASCII text is tokenized word by word with cached words (None: not this
@@ -113,6 +135,8 @@ class SegmentTokenizer:
         """Whether prompts are cut at special tokens; False: each prompt is one segment."""
         self._splitter = splitter if self.segmented else None
         all_split = self.segmented and len(self._special_ids) == len(self.chat.tokenizer.get_added_tokens_decoder())
+        if all_split and self._tiktoken is not None:
+            self._tiktoken = self._tiktoken.without_added_tokens()
         self._words = ByteLevelWords.for_tokenizer(self.chat.tokenizer, added_tokens_split=all_split)
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
@@ -122,6 +146,11 @@ class SegmentTokenizer:
         """The ASCII ones: no other character is dropped whole."""
         self.verbatim_roles = self._verbatim_roles()
         """Roles whose message content the chat template copies into the prompt unchanged."""
+        exact = chunk_chars is not None and cuts_are_exact(self.chat.tokenizer, self.chat.encode_text)
+        self.chunk_chars = chunk_chars if exact else None
+        """Long text off the loop is cut in pieces of this many characters, tokenized on every core
+        (normalize/text_chunks.py); None: each text whole (turned off, or this tokenizer fails the
+        self-test)."""
 
     def _longest_token_bytes(self) -> int:
         """A byte-level vocabulary spells each byte as one character, so an entry covers as many
@@ -267,6 +296,8 @@ class SegmentTokenizer:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
+        if self._piece_executor is not None:
+            self._piece_executor.shutdown(wait=False)
 
     def _encode(self, text: str, salt: str | None) -> list[int]:
         pieces = self._split(text)
@@ -371,13 +402,43 @@ class SegmentTokenizer:
         return [self._encode_text(text, salt) for text in texts]
 
     def _encode_text(self, text: str, salt: str | None) -> list[int]:
+        """Short ASCII text word by word with cached words, else tiktoken, else the HF tokenizer."""
         ids = None if self._words is None else self._words.encode(text, salt)
+        if ids is None and self._tiktoken is not None:
+            ids = self._tiktoken.encode(text)
         return self.chat.encode_text(text) if ids is None else ids
 
     def _encode_off_loop(self, texts: list[str]) -> list[list[int]]:
-        """Runs on the worker thread: ``encode_batch`` releases the GIL while it works, where
-        ``encode`` holds it and would stall the event loop anyway."""
-        return [encoding.ids for encoding in self.chat.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        """Runs on the worker thread. Long texts go in pieces, so one long prompt is tokenized
+        on every core."""
+        size = self.chunk_chars
+        pieces = [cut(text, size) if size is not None else [text] for text in texts]
+        encoded_pieces = iter(self._encode_pieces([piece for text in pieces for piece in text]))
+        encoded: list[list[int]] = []
+        for text in pieces:
+            ids: list[int] = []
+            for _ in text:
+                ids.extend(next(encoded_pieces))
+            encoded.append(ids)
+        return encoded
+
+    def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        """tiktoken on every core where it applies; the HF tokenizer's ``encode_batch`` for the
+        rest (it releases the GIL and spreads a batch over its own threads, where ``encode``
+        holds the GIL and would stall the event loop)."""
+        fast = self._tiktoken
+        if fast is None:
+            found: list[list[int] | None] = [None] * len(pieces)
+        elif self._piece_executor is None or len(pieces) == 1:
+            found = [fast.encode(piece) for piece in pieces]
+        else:
+            found = list(self._piece_executor.map(fast.encode, pieces))
+        left = [index for index, ids in enumerate(found) if ids is None]
+        if left:
+            batch = self.chat.tokenizer.encode_batch([pieces[index] for index in left], add_special_tokens=False)
+            for index, encoding in zip(left, batch, strict=True):
+                found[index] = encoding.ids
+        return [ids for ids in found if ids is not None]
 
     def _splice(self, pieces: list[str], keys: list[int], ids_of: dict[int, list[int]]) -> list[int]:
         """The prompt's ids: each text piece's ids (by key) and each special token's id, in order."""

@@ -2,17 +2,24 @@
 
 Warm: a ~4,096-token chat prompt whose system prompt was seen before (only the user turn is
 new). Cold: every system prompt new, compared with the tokenizer's own cost for the same text.
+Long: ``--long-tokens`` distinct prompts of that many tokens (prose, and random vocabulary
+tokens as bench/micro/overhead.py sends), tokenized off the loop cut in pieces on every core
+(normalize/text_chunks.py) and whole, interleaved; run it under ``taskset -c 0`` for one core.
 
-    python -m bench.micro.normalize_cost [--model smollm2-135m] [--requests 300]
+    python -m bench.micro.normalize_cost [--model smollm2-135m] [--requests 300] [--long-tokens 28500]
 """
 
 import argparse
+import asyncio
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
 from functools import partial
 
+from bench.harness.text_vocab import round_trip_vocab
+from bench.workloads.token_blocks import random_tokens
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.config import NormalizeConfig
 from normalize.normalizer import Normalizer
@@ -97,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--cold-requests", type=int, default=30)
+    parser.add_argument("--long-tokens", type=int, default=0, help="also time distinct prompts this long (0: no)")
+    parser.add_argument("--long-requests", type=int, default=20)
     args = parser.parse_args(argv)
 
     chat = ChatTokenizer.load(args.model)
@@ -132,6 +141,37 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tokenizer alone (encode ids):     {percentiles(tokenizer_only)}")
     print(f"cold / tokenizer alone (p50):     {ratio:.3f} ({(ratio - 1) * 100:+.1f} %)")
     print(f"cache: {tokenizer.stats()}")
+    if args.long_tokens:
+        asyncio.run(long_prompts(chat, args.long_tokens, args.long_requests))
+
+
+async def long_prompts(chat: ChatTokenizer, tokens: int, count: int) -> None:
+    """Distinct long prompts through ``encode_prompt_async``: tiktoken in pieces (the default), the
+    HF tokenizer in pieces, and the HF tokenizer whole (before both), in rotating order."""
+    rng = random.Random(7)
+    vocab = round_trip_vocab(chat)
+    kinds = {
+        "prose": [system_prompt(chat, tokens, seed=1000 + i) for i in range(count)],
+        "random tokens": [chat.decode(random_tokens(rng, tokens, vocab)) for _ in range(count)],
+    }
+    ways = {
+        "tiktoken, pieces": SegmentTokenizer(chat),
+        "HF, pieces": SegmentTokenizer(chat, tiktoken=False),
+        "HF, whole": SegmentTokenizer(chat, chunk_chars=None, tiktoken=False),
+    }
+    cpus = len(os.sched_getaffinity(0))
+    print(f"long prompts: {tokens} tokens, {cpus} CPUs, pieces of {ways['HF, pieces'].chunk_chars} chars")
+    for kind, texts in kinds.items():
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        for index, text in enumerate(texts):
+            names = list(ways)
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                start = time.perf_counter()
+                await ways[name].encode_prompt_async(text)
+                samples[name].append(time.perf_counter() - start)
+        whole = statistics.median(samples["HF, whole"])
+        for name, values in samples.items():
+            print(f"{kind:>13}, {name:>16}: {percentiles(values)}  ({whole / statistics.median(values):.2f}x)")
 
 
 if __name__ == "__main__":

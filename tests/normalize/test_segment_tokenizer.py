@@ -128,6 +128,7 @@ class RecordingTokenizer:
     def __init__(self, inner: Tokenizer) -> None:
         self.inner = inner
         self.calls: list[tuple[str, str]] = []
+        self.batch_sizes: list[int] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -136,21 +137,33 @@ class RecordingTokenizer:
         self.calls.append(("encode", threading.current_thread().name))
         return self.inner.encode(*args, **kwargs)
 
-    def encode_batch(self, *args: object, **kwargs: object) -> object:
+    def encode_batch(self, texts: list[str], **kwargs: object) -> object:
         self.calls.append(("encode_batch", threading.current_thread().name))
-        return self.inner.encode_batch(*args, **kwargs)
+        self.batch_sizes.append(len(texts))
+        return self.inner.encode_batch(texts, **kwargs)
+
+
+def recorded_tokenizer(chat_tokenizer: ChatTokenizer, tiktoken: bool) -> tuple[SegmentTokenizer, RecordingTokenizer]:
+    """A segment tokenizer whose HF tokenizer records its calls."""
+    chat = ChatTokenizer(chat_tokenizer.folder)
+    recording = RecordingTokenizer(chat.tokenizer)
+    chat.tokenizer = recording
+    tokenizer = SegmentTokenizer(chat, tiktoken=tiktoken)
+    tokenizer.encode_chat([{"role": "user", "content": "warm the separators"}])
+    recording.calls.clear()
+    return tokenizer, recording
 
 
 @pytest.fixture
 def recorded(chat_tokenizer: ChatTokenizer) -> Iterator[tuple[SegmentTokenizer, RecordingTokenizer]]:
-    chat = ChatTokenizer(chat_tokenizer.folder)
-    recording = RecordingTokenizer(chat.tokenizer)
-    chat.tokenizer = recording
-    tokenizer = SegmentTokenizer(chat)
-    tokenizer.encode_chat([{"role": "user", "content": "warm the separators"}])
-    recording.calls.clear()
+    """Without tiktoken: every text goes to the HF tokenizer."""
+    tokenizer, recording = recorded_tokenizer(chat_tokenizer, tiktoken=False)
     yield tokenizer, recording
     tokenizer.close()
+
+
+async def prompt_ids(tokenizer: SegmentTokenizer, text: str) -> list[int]:
+    return (await tokenizer.encode_prompt_async(text)).ids
 
 
 async def ticks_while(coroutine: Awaitable[list[int]]) -> tuple[list[int], int]:
@@ -203,3 +216,33 @@ async def test_concurrent_requests_share_one_tokenization(
     results = await asyncio.gather(*(tokenizer.encode_chat_async(messages) for messages in conversations))
     assert results == [chat_tokenizer.encode_chat(messages) for messages in conversations]
     assert recording.calls.count(("encode_batch", "kvgate-tokenize_0")) == 1
+
+
+async def test_a_long_text_is_tokenized_in_pieces_in_one_batch(
+    chat_tokenizer: ChatTokenizer, recorded: tuple[SegmentTokenizer, RecordingTokenizer]
+) -> None:
+    """One long prompt goes to ``encode_batch`` in pieces (spread over every core), spliced exactly."""
+    tokenizer, recording = recorded
+    assert tokenizer.chunk_chars is not None
+    words = ["routing", "prefix", "cache", "replica", "tokens,", "it's", "42", "times:", "\n"]
+    text = " ".join(words[index % len(words)] for index in range(6 * tokenizer.chunk_chars // 5))
+    ids = (await tokenizer.encode_prompt_async(text)).ids
+    assert ids == chat_tokenizer.encode_text(text)
+    assert recording.calls == [("encode_batch", "kvgate-tokenize_0")]
+    assert recording.batch_sizes[0] >= 4
+
+
+async def test_tiktoken_tokenizes_long_text_off_the_loop_without_the_hf_tokenizer(
+    chat_tokenizer: ChatTokenizer,
+) -> None:
+    tokenizer, recording = recorded_tokenizer(chat_tokenizer, tiktoken=True)
+    try:
+        words = ["Prefix", "caches,", "routed", "replicas:", "1,024", "tokens", "each", "—", "café", "東京", "😀.\n"]
+        text = " ".join(words[index % len(words)] for index in range(2 * tokenizer.chunk_chars // 3))
+        ids, ticks = await ticks_while(prompt_ids(tokenizer, text))
+        assert ids == chat_tokenizer.encode_text(text) and ticks > 0
+        assert recording.calls == []
+        with_added = text + "<|im_start|>" + text[:100]
+        assert tokenizer.encode_prompt(with_added) == chat_tokenizer.encode_text(with_added)
+    finally:
+        tokenizer.close()

@@ -1,0 +1,111 @@
+"""tiktoken runs the bundled tokenizer with HF's ids, and is refused where the two would differ."""
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from bench.harness.text_vocab import round_trip_vocab
+from bench.workloads.token_blocks import random_tokens
+from normalize.chat_tokenizer import ChatTokenizer
+from normalize.segment_tokenizer import SegmentTokenizer
+from normalize.tiktoken_bpe import GPT2_PATTERN, TiktokenBpe
+
+PROBES = ["Hello, world! It's 2026.", "  spaced\n\nlines\t", "café 東京 😀"]
+
+
+@pytest.fixture(scope="module")
+def bpe(chat_tokenizer: ChatTokenizer) -> TiktokenBpe:
+    found = TiktokenBpe.for_tokenizer(chat_tokenizer.tokenizer, PROBES)
+    assert found is not None
+    return found
+
+
+def hf_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(st.characters(exclude_categories=("Cs",)), max_size=300))
+def test_any_text_gets_the_hf_ids_or_goes_to_hf(chat_tokenizer: ChatTokenizer, bpe: TiktokenBpe, text: str) -> None:
+    ids = bpe.encode(text)
+    assert ids is None or ids == hf_ids(chat_tokenizer.tokenizer, text)
+
+
+def test_long_random_vocabulary_text_gets_the_hf_ids(chat_tokenizer: ChatTokenizer, bpe: TiktokenBpe) -> None:
+    rng = random.Random(5)
+    vocab = round_trip_vocab(chat_tokenizer)
+    for _ in range(3):
+        text = chat_tokenizer.decode(random_tokens(rng, 20_000, vocab))
+        assert bpe.encode(text) == hf_ids(chat_tokenizer.tokenizer, text)
+
+
+def test_added_tokens_and_untokenized_characters_go_to_hf(chat_tokenizer: ChatTokenizer, bpe: TiktokenBpe) -> None:
+    """SmolLM2 has no token for byte 0x04 (HF drops it) nor for the lead byte of plane 4."""
+    for text in ["a <|im_end|> b", "before\x04after", "plane four \U00040000 here"]:
+        assert bpe.encode(text) is None
+        segments = SegmentTokenizer(chat_tokenizer)
+        assert segments.encode_prompt(text) == hf_ids(chat_tokenizer.tokenizer, text)
+    assert bpe.encode("plane three \U00030000 here") == hf_ids(chat_tokenizer.tokenizer, "plane three \U00030000 here")
+
+
+def edited(chat_tokenizer: ChatTokenizer, edit: Any) -> Tokenizer:
+    spec = json.loads(chat_tokenizer.tokenizer.to_str())
+    edit(spec)
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def test_an_isolating_split_before_byte_level_is_run_with_its_own_regex(chat_tokenizer: ChatTokenizer) -> None:
+    """Llama 3 and Qwen split with their own regex, then map bytes without splitting again."""
+
+    def split_first(spec: dict[str, Any]) -> None:
+        spec["pre_tokenizer"] = {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": GPT2_PATTERN}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        }
+
+    tokenizer = edited(chat_tokenizer, split_first)
+    bpe = TiktokenBpe.for_tokenizer(tokenizer, PROBES)
+    assert bpe is not None
+    text = "It's 12345 o'clock —  café\n\n東京 😀 and more words"
+    assert bpe.encode(text) == hf_ids(tokenizer, text) == hf_ids(chat_tokenizer.tokenizer, text)
+
+
+def test_tokenizers_whose_rules_differ_are_refused(chat_tokenizer: ChatTokenizer) -> None:
+    def lowercase(spec: dict[str, Any]) -> None:
+        spec["normalizer"] = {"type": "Lowercase"}
+
+    def metaspace(spec: dict[str, Any]) -> None:
+        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+
+    def prefix_space(spec: dict[str, Any]) -> None:
+        spec["pre_tokenizer"]["add_prefix_space"] = True
+
+    def without_the_merge_of_the(spec: dict[str, Any]) -> None:
+        """``Ġthe`` stays in the vocabulary, but HF can no longer make it; tiktoken would."""
+        merges = spec["model"]["merges"]
+        spec["model"]["merges"] = [
+            merge for merge in merges if "".join(merge.split(" ") if isinstance(merge, str) else merge) != "Ġthe"
+        ]
+        assert len(spec["model"]["merges"]) == len(merges) - 1
+
+    def merges_out_of_id_order(spec: dict[str, Any]) -> None:
+        """HF would merge by list order, tiktoken by the id each merge makes."""
+        merges = spec["model"]["merges"]
+        merges[0], merges[1] = merges[1], merges[0]
+
+    for edit in (lowercase, metaspace, prefix_space, without_the_merge_of_the, merges_out_of_id_order):
+        assert TiktokenBpe.for_tokenizer(edited(chat_tokenizer, edit), PROBES) is None, edit.__name__
+
+
+def test_the_segment_tokenizer_can_do_without_tiktoken(chat_tokenizer: ChatTokenizer) -> None:
+    text = "The same ids either way, 東京 included."
+    with_tiktoken, without = SegmentTokenizer(chat_tokenizer), SegmentTokenizer(chat_tokenizer, tiktoken=False)
+    assert with_tiktoken.encode_prompt(text) == without.encode_prompt(text) == hf_ids(chat_tokenizer.tokenizer, text)
