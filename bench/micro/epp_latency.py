@@ -2,7 +2,8 @@
 
 ``kvgate bench epp-latency [--sizes 1000,10000,100000] [--requests N]``: one zero-latency backend
 (bench/harness/zero_backend.py), one `kvgate gateway` and one `kvgate epp` on the same config, both pinned
-to CPU 0 (``taskset``) so "one core" means one core. For each prompt size, chat requests (16
+to CPU 0 (``taskset``) so "one core" means one core (``--workers N``: each front N worker processes
+on CPUs 0 to N-1, the client on them too where the host has no more). For each prompt size, chat requests (16
 system prompts of that size, fresh questions: bench/micro/overhead.py's bodies) are sent one at a time:
 
 - direct to the backend, and through the HTTP gateway: the gateway's added latency is its
@@ -30,6 +31,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,18 +142,27 @@ async def epp_latencies(target: str, bodies: Sequence[bytes]) -> tuple[list[floa
 
 
 async def concurrent_epp_latencies(
-    target: str, bodies: Sequence[bytes], concurrency: int
+    target: str, bodies: Sequence[bytes], concurrency: int, connections: int = 1
 ) -> tuple[list[float], list[float]]:
-    """Each request's pick and added time through the picker with ``concurrency`` streams at once."""
+    """Each request's pick and added time through the picker with ``concurrency`` streams at once,
+    spread over ``connections`` TCP connections (as Envoy's worker threads each hold one; the
+    kernel gives each connection to one picker worker)."""
     semaphore = asyncio.Semaphore(concurrency)
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = ExternalProcessorStub(channel)
+    async with AsyncExitStack() as stack:
+        stubs = [
+            ExternalProcessorStub(
+                await stack.enter_async_context(
+                    grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                )
+            )
+            for _ in range(connections)
+        ]
 
-        async def one(body: bytes) -> tuple[float, float]:
+        async def one(index: int, body: bytes) -> tuple[float, float]:
             async with semaphore:
-                return await epp_request(stub, body)
+                return await epp_request(stubs[index % connections], body)
 
-        timings = await asyncio.gather(*(one(body) for body in bodies))
+        timings = await asyncio.gather(*(one(index, body) for index, body in enumerate(bodies)))
     return [pick for pick, _ in timings], [added for _, added in timings]
 
 
@@ -197,12 +208,12 @@ async def in_process_picks_per_second(config_path: Path, bodies: Sequence[bytes]
         await gateway.stop()
 
 
-def _pinned(command: list[str]) -> list[str]:
-    """``command`` on CPU 0 alone, where taskset exists."""
-    return ["taskset", "-c", "0", *command] if shutil.which("taskset") else command
+def _pinned(command: list[str], cpus: int = 1) -> list[str]:
+    """``command`` on CPUs 0 to ``cpus - 1`` alone, where taskset exists."""
+    return ["taskset", "-c", f"0-{cpus - 1}", *command] if shutil.which("taskset") else command
 
 
-def start_fronts(backend_url: str, workdir: Path) -> tuple[Process, Process, str, Path]:
+def start_fronts(backend_url: str, workdir: Path, workers: int = 1) -> tuple[Process, Process, str, Path]:
     """The HTTP gateway and the picker on one config; (gateway, picker, picker's gRPC target, config)."""
     gateway_port, grpc_port, health_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     config = {
@@ -215,12 +226,13 @@ def start_fronts(backend_url: str, workdir: Path) -> tuple[Process, Process, str
     }
     config_path = workdir / "epp-latency.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    gateway = launch(_pinned(kvgate_command("gateway", "-c", str(config_path))), gateway_port, workdir / "gateway.log")
+    gateway_command = kvgate_command("gateway", "-c", str(config_path), "--workers", str(workers))
+    gateway = launch(_pinned(gateway_command, workers), gateway_port, workdir / "gateway.log")
     epp_command = kvgate_command(
         "epp", "-c", str(config_path), "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--health-port", str(health_port), "--metrics-port", str(metrics_port),
+        "--health-port", str(health_port), "--metrics-port", str(metrics_port), "--workers", str(workers),
     )  # fmt: skip
-    picker = launch(_pinned(epp_command), metrics_port, workdir / "epp.log")
+    picker = launch(_pinned(epp_command, workers), metrics_port, workdir / "epp.log")
     wait_ready(gateway, lambda: http_ok(f"{gateway.url}/health"))
     wait_ready(picker, lambda: _backend_healthy(picker.url))
     return gateway, picker, f"127.0.0.1:{grpc_port}", config_path
@@ -273,6 +285,10 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--concurrent-requests", type=int, default=100, help="requests per front in that run")
     parser.add_argument("--latency-concurrency", type=int, default=20, help="requests in flight at once in that run")
+    parser.add_argument("--workers", type=int, default=1, help="processes per front, on as many CPUs")
+    parser.add_argument(
+        "--connections", type=int, default=1, help="gRPC connections of the concurrent run (Envoy: one a worker thread)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "epp-latency")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -282,7 +298,7 @@ def main(argv: list[str]) -> int:
     backend = launch(module_command("bench.harness.zero_backend", "--port", str(port)), port, args.out / "zero.log")
     try:
         wait_ready(backend, lambda: http_ok(f"{backend.url}/health"))
-        gateway, picker, target, config_path = start_fronts(backend.url, args.out)
+        gateway, picker, target, config_path = start_fronts(backend.url, args.out, args.workers)
         try:
             rows, rate = asyncio.run(_measure(backend.url, gateway.url, target, tokenizer, sizes, args))
             concurrent = (
@@ -362,7 +378,7 @@ async def _measure_concurrent(
         fronts = [front[:count] for front in bodies]
         direct = await concurrent_latencies(backend_url, fronts[0], concurrency)
         through_gateway = await concurrent_latencies(gateway_url, fronts[1], concurrency)
-        picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency)
+        picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency, args.connections)
         row = latency_row(size, direct, through_gateway, picks, epp_added)
         measured.append((row, float(np.mean([len(body) for body in fronts[2]])) / 1000.0))
     return measured

@@ -5,6 +5,11 @@ the same ``Gateway`` from the config, then serves the ext_proc service and gRPC 
 gRPC port, gRPC health alone on the health port (GIE's EPP ports), and the gateway's /metrics,
 dashboard and /admin endpoints over HTTP on the metrics port (GIE's is 9090).
 
+With ``--workers N`` (or ``workers: N``) this process is the parent of N pickers sharing the three
+ports, as the HTTP gateway's workers share theirs (gateway/process/workers/): the kernel spreads
+Envoy's connections over them, tenant limits are counted once for all of them, and each
+worker's operator endpoints answer for all. One picker process has one core for its event loop.
+
 Health services, after GIE's docs/proposals/004-endpoint-picker-protocol/README.md: ``liveness``
 is SERVING while the process runs; ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor``
 and the server as a whole ("") are SERVING while at least one replica passes its health checks.
@@ -27,7 +32,10 @@ from gateway.config import KvgateConfig
 from gateway.epp.service import EndpointPicker
 from gateway.observability.routes import add_routes as add_observability_routes
 from gateway.process.background_threads import install_background_executor
-from gateway.process.server import add_config_flags, load_command_config
+from gateway.process.server import add_config_flags, add_workers_flag, load_command_config
+from gateway.process.workers.identity import WorkerIdentity
+from gateway.process.workers.parent import run_workers, worker_command
+from gateway.process.workers.worker import make_worker, start_private_site
 from gateway.wiring.app import openai_errors
 from gateway.wiring.state import GATEWAY, Gateway
 
@@ -60,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fallbacks", type=int, default=0, help="endpoints to name after the pick, best first (default: %(default)s)"
     )
+    add_workers_flag(parser)
     return parser
 
 
@@ -68,35 +77,56 @@ def main(argv: list[str]) -> int:
     config = load_command_config(args)
     if config is None:
         return 2
+    worker = WorkerIdentity.from_env()
+    count = args.workers or config.workers
+    if worker is None and count > 1:
+        command = worker_command("epp", "-c", args.config, "--log-level", args.log_level, "--host", args.host)
+        command += ["--grpc-port", str(args.grpc_port), "--health-port", str(args.health_port)]
+        command += ["--metrics-port", str(args.metrics_port), "--fallbacks", str(args.fallbacks)]
+        return asyncio.run(run_workers(command, count))
     # asyncio's own loop: grpc.aio supports no other.
-    asyncio.run(serve_epp(config, args.host, args.grpc_port, args.health_port, args.metrics_port, args.fallbacks))
+    ports = (args.grpc_port, args.health_port, args.metrics_port)
+    asyncio.run(serve_epp(config, args.host, *ports, args.fallbacks, worker))
     return 0
 
 
 async def serve_epp(
-    config: KvgateConfig, host: str, grpc_port: int, health_port: int, metrics_port: int, fallbacks: int
+    config: KvgateConfig,
+    host: str,
+    grpc_port: int,
+    health_port: int,
+    metrics_port: int,
+    fallbacks: int,
+    worker: WorkerIdentity | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then stop taking streams and finish those in flight."""
+    """Serve until SIGTERM or SIGINT, then stop taking streams and finish those in flight. A
+    ``worker`` shares its ports with its siblings and sums their state in its operator endpoints."""
     install_background_executor(asyncio.get_running_loop())
     gateway = Gateway.build(config)
     await gateway.start()
     health = HealthServicer()
     await _set_ready(health, False)
     await health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
-    picker = grpc.aio.server(options=GRPC_OPTIONS)
+    # gRPC binds with SO_REUSEPORT unless told not to; a lone picker must fail on a taken port.
+    shared = [("grpc.so_reuseport", int(worker is not None))]
+    picker = grpc.aio.server(options=GRPC_OPTIONS + shared)
     add_ExternalProcessorServicer_to_server(EndpointPicker(gateway, fallbacks), picker)
     health_pb2_grpc.add_HealthServicer_to_server(health, picker)
     picker.add_insecure_port(f"{host}:{grpc_port}")
-    health_only = grpc.aio.server()
+    health_only = grpc.aio.server(options=shared)
     health_pb2_grpc.add_HealthServicer_to_server(health, health_only)
     health_only.add_insecure_port(f"{host}:{health_port}")
-    metrics = web.AppRunner(metrics_app(gateway), access_log=None)
+    app = metrics_app(gateway)
+    siblings = make_worker(app, worker) if worker is not None else None
+    metrics = web.AppRunner(app, access_log=None)
     await metrics.setup()
-    await web.TCPSite(metrics, host, metrics_port).start()
+    private = await start_private_site(app, worker) if worker is not None else None
+    await web.TCPSite(metrics, host, metrics_port, reuse_port=worker is not None).start()
     await picker.start()
     await health_only.start()
     readiness = asyncio.create_task(_follow_readiness(gateway, health))
-    print(f"kvgate epp: ext_proc on {host}:{grpc_port}, health on {host}:{health_port}", flush=True)
+    role = f" (worker {worker.index} of {worker.count})" if worker is not None else ""
+    print(f"kvgate epp: ext_proc on {host}:{grpc_port}, health on {host}:{health_port}{role}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -109,6 +139,9 @@ async def serve_epp(
     await picker.stop(SHUTDOWN_GRACE_S)
     await health_only.stop(None)
     await metrics.cleanup()
+    if private is not None and siblings is not None:
+        await private.cleanup()
+        await siblings.close()
     await gateway.stop()
 
 

@@ -19,7 +19,7 @@ from gateway.process import event_loop
 from gateway.process.background_threads import install_background_executor
 from gateway.process.http_server import LINGERING_S, GatewayRunner
 from gateway.process.workers.identity import WorkerIdentity
-from gateway.process.workers.parent import run_workers
+from gateway.process.workers.parent import run_workers, worker_command
 from gateway.process.workers.worker import make_worker, start_private_site
 from gateway.wiring.app import create_app, refusal_recorder
 from gateway.wiring.reload import reload_on_signal
@@ -86,7 +86,9 @@ async def serve_gateway(config: KvgateConfig, config_path: Path, workers: int | 
     identity = WorkerIdentity.from_env()
     count = workers or config.workers
     if identity is None and count > 1:
-        return await run_workers(config_path, config.listen.host, config.listen.port, count, log_level)
+        command = worker_command("gateway", "-c", str(config_path), "--log-level", log_level)
+        command += ["--host", config.listen.host, "--port", str(config.listen.port)]
+        return await run_workers(command, count)
     await serve(config, config_path, identity)
     return 0
 

@@ -1,7 +1,8 @@
-"""The parent of `kvgate gateway --workers N`: start N workers on one port, keep them alive, stop them together.
+"""The parent of `kvgate gateway --workers N` and `kvgate epp --workers N`: start N workers on one
+port, keep them alive, stop them together.
 
-Each worker is a full gateway (`kvgate gateway` with a worker identity in its environment) that
-binds the listen port with SO_REUSEPORT, so the kernel spreads connections over them. The parent
+Each worker is a full gateway or picker (the same command with a worker identity in its
+environment) that binds its ports with SO_REUSEPORT, so the kernel spreads connections over them. The parent
 serves no requests: it counts tenant limits for every worker on a private unix socket (unless
 `shared_state` puts them in Redis; gateway/process/workers/limit_server.py), restarts a worker that dies,
 forwards SIGHUP (reload) to every worker, and on SIGTERM/SIGINT stops them all. Workers get SIGTERM if the parent dies
@@ -52,11 +53,14 @@ class WorkerSlot:
     recent_deaths: int = 0
 
 
-async def run_workers(config_path: Path, host: str, port: int, count: int, log_level: str) -> int:
-    """Run ``count`` workers until SIGTERM or SIGINT; 0 once they all stopped."""
+def worker_command(*args: str) -> list[str]:
+    """The command line of a worker running ``kvgate ARGS``."""
+    return [sys.executable, "-m", "gateway.process.cli", *args]
+
+
+async def run_workers(command: list[str], count: int) -> int:
+    """Run ``count`` workers of ``command`` until SIGTERM or SIGINT; 0 once they all stopped."""
     socket_dir = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
-    command = [sys.executable, "-m", "gateway.process.cli", "gateway", "-c", str(config_path)]
-    command += ["--host", host, "--port", str(port), "--log-level", log_level]
     slots = [WorkerSlot(WorkerIdentity(index, count, socket_dir)) for index in range(count)]
     limits = LimitServer(limits_socket(socket_dir))
     await limits.start()
