@@ -16,6 +16,17 @@ from normalize.segment_tokenizer import SegmentTokenizer
 from normalize.tiktoken_bpe import GPT2_PATTERN, TiktokenBpe
 
 PROBES = ["Hello, world! It's 2026.", "  spaced\n\nlines\t", "café 東京 😀"]
+LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+MIXED_SCRIPTS = [
+    chr(code)
+    for code in [*range(32, 127)] * 6
+    + [9, 10, 13] * 20
+    + [*range(0xA0, 0x250), *range(0x400, 0x450), *range(0x4E00, 0x4E40), *range(0x1F600, 0x1F610)]
+    + [0x2019, 0x2018, 0x3000, 0x200B]
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,23 +70,31 @@ def edited(chat_tokenizer: ChatTokenizer, edit: Any) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
-def test_an_isolating_split_before_byte_level_is_run_with_its_own_regex(chat_tokenizer: ChatTokenizer) -> None:
-    """Llama 3 and Qwen split with their own regex, then map bytes without splitting again."""
+def split_first(pattern: str) -> Any:
+    """The pre-tokenizer of Llama 3 and Qwen: their own regex, then bytes mapped without a split."""
 
-    def split_first(spec: dict[str, Any]) -> None:
+    def edit(spec: dict[str, Any]) -> None:
         spec["pre_tokenizer"] = {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": GPT2_PATTERN}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
             ],
         }
 
-    tokenizer = edited(chat_tokenizer, split_first)
+    return edit
+
+
+@pytest.mark.parametrize("pattern", [GPT2_PATTERN, LLAMA3_SPLIT, QWEN2_SPLIT], ids=["gpt2", "llama3", "qwen2"])
+def test_an_isolating_split_regex_cuts_as_the_hf_tokenizer_does(chat_tokenizer: ChatTokenizer, pattern: str) -> None:
+    """tiktoken's regex engine (fancy-regex) and HF's (Oniguruma) cut mixed text alike."""
+    tokenizer = edited(chat_tokenizer, split_first(pattern))
     bpe = TiktokenBpe.for_tokenizer(tokenizer, PROBES)
     assert bpe is not None
-    text = "It's 12345 o'clock —  café\n\n東京 😀 and more words"
-    assert bpe.encode(text) == hf_ids(tokenizer, text) == hf_ids(chat_tokenizer.tokenizer, text)
+    rng = random.Random(11)
+    for _ in range(60):
+        text = "".join(rng.choice(MIXED_SCRIPTS) for _ in range(rng.randint(1, 2000)))
+        assert bpe.encode(text) == hf_ids(tokenizer, text)
 
 
 def test_tokenizers_whose_rules_differ_are_refused(chat_tokenizer: ChatTokenizer) -> None:
