@@ -30,7 +30,8 @@ def tokenize_body(
     request: TokenizeRequest, text: str, tokenizer: ChatTokenizer, max_model_len: int | None
 ) -> dict[str, Any]:
     """vLLM's ``TokenizeResponse``: ``count``, ``max_model_len``, ``tokens`` and, when asked, ``token_strs``."""
-    encoding = tokenizer.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    # encode_batch releases the GIL while it works (encode holds it, stopping the caller's event loop).
+    encoding = tokenizer.tokenizer.encode_batch([text], add_special_tokens=request.add_special_tokens)[0]
     return {
         "count": len(encoding.ids),
         "max_model_len": max_model_len,

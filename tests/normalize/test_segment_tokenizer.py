@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -151,6 +152,7 @@ def recorded_tokenizer(chat_tokenizer: ChatTokenizer, tiktoken: bool) -> tuple[S
     tokenizer = SegmentTokenizer(chat, tiktoken=tiktoken)
     tokenizer.encode_chat([{"role": "user", "content": "warm the separators"}])
     recording.calls.clear()
+    recording.batch_sizes.clear()
     return tokenizer, recording
 
 
@@ -246,3 +248,31 @@ async def test_tiktoken_tokenizes_long_text_off_the_loop_without_the_hf_tokenize
         assert tokenizer.encode_prompt(with_added) == chat_tokenizer.encode_text(with_added)
     finally:
         tokenizer.close()
+
+
+async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_tokenizer: ChatTokenizer) -> None:
+    """``ChatTokenizer.encode_text`` (the engine's tokenizer, run with ``asyncio.to_thread``) must not
+    hold the GIL: the loop's longest pause while a long prompt is tokenized on a thread stays far
+    below the tokenization's own time (HF's ``encode`` held it: the pause was the whole time)."""
+    text = "Prefix caches, routed replicas: café 東京. " * 12_000
+    started = time.perf_counter()
+    expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    alone_s = time.perf_counter() - started
+    pauses: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            pauses.append(now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ids = await asyncio.to_thread(chat_tokenizer.encode_text, text)
+    done = True
+    await task
+    assert ids == expected
+    assert max(pauses) < alone_s / 2, (max(pauses), alone_s)
