@@ -246,6 +246,10 @@ async def test_tiktoken_tokenizes_long_text_off_the_loop_without_the_hf_tokenize
         assert recording.calls == []
         with_added = text + "<|im_start|>" + text[:100]
         assert tokenizer.encode_prompt(with_added) == chat_tokenizer.encode_text(with_added)
+        one_piece_for_hf = text[: len(text) // 2] + "\x04" + text[len(text) // 2 :]
+        ids = await prompt_ids(tokenizer, one_piece_for_hf)
+        assert ids == chat_tokenizer.tokenizer.encode(one_piece_for_hf, add_special_tokens=False).ids
+        assert recording.batch_sizes == [1], "only the piece with the untokenized byte went to HF"
     finally:
         tokenizer.close()
 
