@@ -7,7 +7,8 @@ Its rules differ from HF's in three places, so a tokenizer is run by it only whe
   each merge must make a higher id than the one before.
 - tiktoken takes a word that is itself in the vocabulary as that one token. HF does the same
   only with ``ignore_merges``; otherwise every vocabulary entry must come out of HF's merges as
-  itself (checked over the whole vocabulary at load, ~0.2 s for 49k entries).
+  itself (checked over the whole vocabulary, ~0.25 s for 49k entries, once a host: see
+  ``tiktoken_for_file``).
 - tiktoken knows no added tokens: a text containing one (``<|im_start|>`` ...) is left to HF.
   So is a text with a character that has a byte without a token (HF drops it; tiktoken cannot):
   in SmolLM2's vocabulary a few ASCII control characters and the unassigned planes 4-11.
@@ -24,7 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import tiktoken
+import tokenizers
+import xxhash
 from tokenizers import Tokenizer, models
+
+from normalize.model_files import cache_root
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 """The split HF's ByteLevel pre-tokenizer applies with ``use_regex`` (GPT-2's)."""
@@ -60,8 +65,11 @@ class TiktokenBpe:
         (a UTF-8 byte below 0x80 is always a character of its own, a lead byte never a continuation)."""
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Tokenizer, probes: Iterable[str]) -> "TiktokenBpe | None":
-        """The same tokenizer run by tiktoken; None where the rules differ or a probe disagrees."""
+    def for_tokenizer(
+        cls, tokenizer: Tokenizer, probes: Iterable[str], vocabulary_checked: bool = False
+    ) -> "TiktokenBpe | None":
+        """The same tokenizer run by tiktoken; None where the rules differ or a probe disagrees.
+        ``vocabulary_checked``: this tokenizer passed the whole-vocabulary check before."""
         model = tokenizer.model
         pre_tokenizer = tokenizer.pre_tokenizer
         pattern = _split_pattern(json.loads(pre_tokenizer.__getstate__())) if pre_tokenizer is not None else None
@@ -78,7 +86,7 @@ class TiktokenBpe:
         untokenized = {value for value in range(256) if bytes([value]) not in ranks} - _NEVER_IN_UTF8
         if any(0x80 <= value < 0xC2 for value in untokenized) or not _merges_in_id_order(state):
             return None
-        if not state.get("ignore_merges") and not _vocabulary_merges_to_itself(model, vocab):
+        if not (state.get("ignore_merges") or vocabulary_checked or _vocabulary_merges_to_itself(model, vocab)):
             return None
         encoding = tiktoken.Encoding("kvgate-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         bpe = cls(encoding, tuple(added), tuple(bytes([value]) for value in sorted(untokenized)))
@@ -109,12 +117,25 @@ _BY_FILE: dict[tuple[str, int, int], TiktokenBpe | None] = {}
 
 def tiktoken_for_file(path: Path, tokenizer: Tokenizer, probes: Iterable[str]) -> TiktokenBpe | None:
     """``TiktokenBpe.for_tokenizer`` of ``tokenizer``, loaded from ``path``: once per file a process
-    (its checks take ~0.3 s; a process builds a tokenizer per served model and per reload)."""
+    (a process builds a tokenizer per served model and per reload), and the whole-vocabulary check
+    (~0.25 s) once per file content and library versions a host: a marker file in kvgate's cache
+    says it passed."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if key not in _BY_FILE:
-        _BY_FILE[key] = TiktokenBpe.for_tokenizer(tokenizer, probes)
+        marker = _checked_marker(path)
+        bpe = TiktokenBpe.for_tokenizer(tokenizer, probes, vocabulary_checked=marker.exists())
+        if bpe is not None:
+            with suppress(OSError):
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+        _BY_FILE[key] = bpe
     return _BY_FILE[key]
+
+
+def _checked_marker(path: Path) -> Path:
+    versions = f"{tiktoken.__version__} {tokenizers.__version__}".encode()
+    return cache_root() / "tiktoken-checked" / xxhash.xxh3_128_hexdigest(path.read_bytes() + versions)
 
 
 def _split_pattern(pre_tokenizer: dict[str, Any] | None) -> str | None:

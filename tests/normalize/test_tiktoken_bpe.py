@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +12,10 @@ from tokenizers import Tokenizer
 
 from bench.harness.text_vocab import round_trip_vocab
 from bench.workloads.token_blocks import random_tokens
+from normalize import tiktoken_bpe
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.segment_tokenizer import SegmentTokenizer
-from normalize.tiktoken_bpe import GPT2_PATTERN, TiktokenBpe
+from normalize.tiktoken_bpe import GPT2_PATTERN, TiktokenBpe, tiktoken_for_file
 
 PROBES = ["Hello, world! It's 2026.", "  spaced\n\nlines\t", "café 東京 😀"]
 LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -128,3 +130,26 @@ def test_the_segment_tokenizer_can_do_without_tiktoken(chat_tokenizer: ChatToken
     text = "The same ids either way, 東京 included."
     with_tiktoken, without = SegmentTokenizer(chat_tokenizer), SegmentTokenizer(chat_tokenizer, tiktoken=False)
     assert with_tiktoken.encode_prompt(text) == without.encode_prompt(text) == hf_ids(chat_tokenizer.tokenizer, text)
+
+
+def test_the_vocabulary_check_runs_once_per_tokenizer_file(
+    chat_tokenizer: ChatTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its verdict is kept in kvgate's cache, keyed by the file's content: a new process trusts it."""
+    monkeypatch.setenv("KVGATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tiktoken_bpe, "_BY_FILE", {})
+    path = chat_tokenizer.folder / "tokenizer.json"
+    assert tiktoken_for_file(path, chat_tokenizer.tokenizer, PROBES) is not None
+    assert len(list((tmp_path / "cache" / "tiktoken-checked").iterdir())) == 1
+
+    def must_not_run(*args: object) -> bool:
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(tiktoken_bpe, "_BY_FILE", {})
+    monkeypatch.setattr(tiktoken_bpe, "_vocabulary_merges_to_itself", must_not_run)
+    bpe = tiktoken_for_file(path, chat_tokenizer.tokenizer, PROBES)
+    assert bpe is not None and bpe.encode("the same ids") == hf_ids(chat_tokenizer.tokenizer, "the same ids")
+    edited_copy = tmp_path / "tokenizer.json"
+    edited_copy.write_bytes(path.read_bytes() + b" ")
+    with pytest.raises(AssertionError, match="checked again"):
+        tiktoken_for_file(edited_copy, chat_tokenizer.tokenizer, PROBES)
