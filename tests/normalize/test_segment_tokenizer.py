@@ -4,6 +4,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 from normalize.byte_lru import ByteLRU
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.segment_tokenizer import OFFLOAD_CHARS, SegmentTokenizer
+
+T = TypeVar("T")
 
 FRAGMENTS = [
     "<|im_start|>",
@@ -254,14 +257,9 @@ async def test_tiktoken_tokenizes_long_text_off_the_loop_without_the_hf_tokenize
         tokenizer.close()
 
 
-async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_tokenizer: ChatTokenizer) -> None:
-    """``ChatTokenizer.encode_text`` (the engine's tokenizer, run with ``asyncio.to_thread``) must not
-    hold the GIL: the loop's longest pause while a long prompt is tokenized on a thread stays far
-    below the tokenization's own time (HF's ``encode`` held it: the pause was the whole time)."""
-    text = "Prefix caches, routed replicas: café 東京. " * 12_000
-    started = time.perf_counter()
-    expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
-    alone_s = time.perf_counter() - started
+async def longest_loop_pause(coroutine: Awaitable[T]) -> tuple[T, float]:
+    """The coroutine's result, and the longest the event loop went without running another task
+    meanwhile."""
     pauses: list[float] = []
     done = False
 
@@ -275,8 +273,31 @@ async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_
 
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
-    ids = await asyncio.to_thread(chat_tokenizer.encode_text, text)
+    result = await coroutine
     done = True
     await task
+    return result, max(pauses)
+
+
+async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_tokenizer: ChatTokenizer) -> None:
+    """``ChatTokenizer.encode_text`` (the engine's tokenizer, run with ``asyncio.to_thread``) must not
+    hold the GIL: the loop's longest pause while a long prompt is tokenized on a thread stays far
+    below the tokenization's own time (HF's ``encode`` held it: the pause was the whole time)."""
+    text = "Prefix caches, routed replicas: café 東京. " * 12_000
+    started = time.perf_counter()
+    expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    alone_s = time.perf_counter() - started
+    ids, pause_s = await longest_loop_pause(asyncio.to_thread(chat_tokenizer.encode_text, text))
     assert ids == expected
-    assert max(pauses) < alone_s / 2, (max(pauses), alone_s)
+    assert pause_s < alone_s / 2, (pause_s, alone_s)
+
+
+async def test_detokenizing_on_a_worker_thread_leaves_the_loop_running(chat_tokenizer: ChatTokenizer) -> None:
+    """``ChatTokenizer.decode`` (/detokenize, an echoed prompt) must not hold the GIL either."""
+    token_ids = chat_tokenizer.encode_text("Prefix caches, routed replicas: café 東京. " * 40_000)
+    started = time.perf_counter()
+    expected = chat_tokenizer.tokenizer.decode(token_ids, skip_special_tokens=True)
+    alone_s = time.perf_counter() - started
+    text, pause_s = await longest_loop_pause(asyncio.to_thread(chat_tokenizer.decode, token_ids))
+    assert text == expected
+    assert pause_s < alone_s / 2, (pause_s, alone_s)
