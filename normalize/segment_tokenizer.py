@@ -19,6 +19,9 @@ faster than a miss. So are the words cached for short text (normalize/byte_level
 the tokenizer model's own word cache is turned off (it is process-wide and keeps the first words
 any request sends; it saved ~10 % on long text here). ``min_tokens`` bounds a text's token count
 from below without tokenizing it, so a prompt that cannot fit is refused before the expensive work.
+
+New text is tokenized by tiktoken where it gives the HF tokenizer's ids (normalize/tiktoken_bpe.py),
+and long new text off the loop is cut in pieces tokenized on every core (normalize/text_chunks.py).
 """
 
 import asyncio
@@ -28,7 +31,7 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import xxhash
 from tokenizers import Tokenizer
@@ -438,7 +441,7 @@ class SegmentTokenizer:
             batch = self.chat.tokenizer.encode_batch([pieces[index] for index in left], add_special_tokens=False)
             for index, encoding in zip(left, batch, strict=True):
                 found[index] = encoding.ids
-        return [ids for ids in found if ids is not None]
+        return cast(list[list[int]], found)  # every piece has its ids by now
 
     def _splice(self, pieces: list[str], keys: list[int], ids_of: dict[int, list[int]]) -> list[int]:
         """The prompt's ids: each text piece's ids (by key) and each special token's id, in order."""
