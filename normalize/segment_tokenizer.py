@@ -140,7 +140,9 @@ class SegmentTokenizer:
         all_split = self.segmented and len(self._special_ids) == len(self.chat.tokenizer.get_added_tokens_decoder())
         if all_split and self._tiktoken is not None:
             self._tiktoken = self._tiktoken.without_added_tokens()
-        self._words = ByteLevelWords.for_tokenizer(self.chat.tokenizer, added_tokens_split=all_split)
+        self._words = ByteLevelWords.for_tokenizer(
+            self.chat.tokenizer, added_tokens_split=all_split, entries_whole=self._tiktoken is not None
+        )
         self.longest_token_bytes = self._longest_token_bytes()
         """Bytes of (normalized) input text the longest vocabulary entry can cover."""
         self._dropped_bytes = dropped_bytes(self.chat.tokenizer)

@@ -70,6 +70,15 @@ def test_vocabulary_words_start_cached_with_the_tokenizers_ids(
         assert list(words._vocabulary[word]) == chat_tokenizer.tokenizer.encode(word, add_special_tokens=False).ids
 
 
+def test_entries_known_whole_give_the_same_vocabulary_without_bpe(
+    chat_tokenizer: ChatTokenizer, words: ByteLevelWords
+) -> None:
+    """Where tiktoken's check proved BPE gives every entry as itself, the entries are taken as
+    they are: the same ids as through BPE."""
+    whole = ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=True, entries_whole=True)
+    assert whole is not None and whole._vocabulary == words._vocabulary
+
+
 def test_words_learned_in_one_isolation_domain_stay_there(chat_tokenizer: ChatTokenizer) -> None:
     """Issue 28.5: a word cached for one cache salt must not make another salt's request faster."""
     words = ByteLevelWords.for_tokenizer(chat_tokenizer.tokenizer, added_tokens_split=True)
