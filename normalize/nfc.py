@@ -19,6 +19,8 @@ import unicodedata
 from functools import partial
 from itertools import groupby
 
+from normalize.text_pieces import cut_before
+
 LONG_RUN = 32
 """Shorter runs of marks are left to ``unicodedata``: insertion sort on them costs about what
 sorting them here would."""
@@ -85,7 +87,9 @@ def to_nfc(text: str) -> str:
         return text
     if len(text) <= PIECE_CHARS and _LONG_RUN.search(text) is None:
         return unicodedata.normalize("NFC", text)
-    return "".join(unicodedata.normalize("NFC", piece) for piece in _pieces(_long_runs_ordered(text)))
+    return "".join(
+        unicodedata.normalize("NFC", piece) for piece in cut_before(_long_runs_ordered(text), _CUT, PIECE_CHARS)
+    )
 
 
 def _long_runs_ordered(text: str) -> str:
@@ -134,17 +138,3 @@ def _is_mark(char: str) -> bool:
 def _slices(text: str) -> range:
     """Starts of ``PIECE_CHARS``-long slices: a loop over them lets other threads take the GIL."""
     return range(0, len(text), PIECE_CHARS)
-
-
-def _pieces(text: str) -> list[str]:
-    """``text`` cut before a ``_CUT`` character about every ``PIECE_CHARS`` characters."""
-    pieces: list[str] = []
-    start = 0
-    while len(text) - start > PIECE_CHARS:
-        cut = _CUT.search(text, start + PIECE_CHARS)
-        if cut is None:
-            break
-        pieces.append(text[start : cut.start()])
-        start = cut.start()
-    pieces.append(text[start:])
-    return pieces

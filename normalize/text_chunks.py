@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from tokenizers import Tokenizer
 
+from normalize.text_pieces import cut_before
+
 CHUNK_CHARS = 8192
 """Characters per piece, about 2k tokens of prose: small enough to keep every core busy on one long
 prompt, large enough that the per-piece cost (a Python ``Encoding`` object) stays negligible."""
@@ -33,17 +35,8 @@ _PROBES = (
 
 def cut(text: str, size: int) -> list[str]:
     """``text`` in pieces of at least ``size`` characters (the last may be shorter), each cut at
-    the first safe point past ``size``; a text with no such point stays whole."""
-    pieces: list[str] = []
-    start = 0
-    while len(text) - start > 2 * size:
-        match = _CUT.search(text, start + size)
-        if match is None:
-            break
-        pieces.append(text[start : match.start()])
-        start = match.start()
-    pieces.append(text[start:])
-    return pieces
+    the first safe point past ``size``."""
+    return cut_before(text, _CUT, size)
 
 
 def cuts_are_exact(tokenizer: Tokenizer, encode: Callable[[str], list[int]]) -> bool:
