@@ -80,10 +80,8 @@ def main(argv: list[str]) -> int:
     worker = WorkerIdentity.from_env()
     count = args.workers or config.workers
     if worker is None and count > 1:
-        command = worker_command("epp", "-c", args.config, "--log-level", args.log_level, "--host", args.host)
-        command += ["--grpc-port", str(args.grpc_port), "--health-port", str(args.health_port)]
-        command += ["--metrics-port", str(args.metrics_port), "--fallbacks", str(args.fallbacks)]
-        return asyncio.run(run_workers(command, count))
+        # Each worker runs this same command line; its identity in the environment makes it serve.
+        return asyncio.run(run_workers(worker_command("epp", *argv), count))
     # asyncio's own loop: grpc.aio supports no other.
     ports = (args.grpc_port, args.health_port, args.metrics_port)
     asyncio.run(serve_epp(config, args.host, *ports, args.fallbacks, worker))
