@@ -22,11 +22,18 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> Non
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        choices = iter([port, port, port + 1 if port + 1 < 65536 else port - 1])
+        draws = [port, port]
+        real_randrange = processes.random.randrange
+
+        def taken_port_first(low: int, high: int) -> int:
+            """The taken port twice, then real draws: any fixed second port could be busy too."""
+            return draws.pop() if draws else real_randrange(low, high)
+
         monkeypatch.setattr(processes, "LOWEST_PORT", 1024)
         monkeypatch.setattr(processes, "_ephemeral_floor", lambda: 65536)
-        monkeypatch.setattr(processes.random, "randrange", lambda low, high: next(choices))
+        monkeypatch.setattr(processes.random, "randrange", taken_port_first)
         assert free_port() != port
+        assert not draws
 
 
 def test_without_room_below_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
