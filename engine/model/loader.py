@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from normalize.model_files import ModelSource, resolve_model
@@ -66,14 +67,16 @@ def _gguf_config(source: ModelSource) -> PretrainedConfig:
 def _convert_gguf(source: ModelSource, target: Path) -> None:
     """Dequantize the GGUF with transformers and save it as an HF folder at ``target``.
 
-    ``save_pretrained`` refuses a model loaded from GGUF, so config and tensors are saved apart.
+    transformers' own GGUF reader dequantizes the tensors and names them after a skeleton of the model
+    on the meta device (no memory, no initialization). ``from_pretrained(gguf_file=...)`` reads the
+    file's metadata once more and initializes a real model first: 30 s instead of 18 s for
+    SmolLM2-135M on the 2-core VM.
     """
     assert source.gguf_file is not None
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        source.gguf_file.parent, gguf_file=source.gguf_file.name, dtype=torch.float32
-    )
     config = _gguf_config(source)
-    state = hf_model.state_dict()
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    state = load_gguf_checkpoint(str(source.gguf_file), return_tensors=True, model_to_load=skeleton)["tensors"]
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")

@@ -51,6 +51,7 @@ from normalize.tokenizer_api import detokenize_body, tokenize_body, tokenize_tex
 from protocol.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest
 from protocol.openai_errors import OpenAIError, bad_request, error_body
 from protocol.replica_stats import encode_stats
+from protocol.startup_heap import freeze_startup_objects
 from protocol.tokenize_api import parse_detokenize, parse_tokenize
 from protocol.tracing import remote_parent
 
@@ -452,6 +453,7 @@ class EngineServer:
             await self.connector.start()
         if self.load_publisher is not None:
             self.load_publisher.start()
+        freeze_startup_objects()
 
     async def _stop_engine(self, app: web.Application) -> None:
         if self.connector is not None:

@@ -38,6 +38,7 @@ from gateway.process.workers.parent import run_workers, worker_command
 from gateway.process.workers.worker import make_worker, start_private_site
 from gateway.wiring.app import openai_errors
 from gateway.wiring.state import GATEWAY, Gateway
+from protocol.startup_heap import freeze_startup_objects
 
 log = logging.getLogger("kvgate.epp")
 
@@ -102,6 +103,7 @@ async def serve_epp(
     install_background_executor(asyncio.get_running_loop())
     gateway = Gateway.build(config)
     await gateway.start()
+    freeze_startup_objects()
     health = HealthServicer()
     await _set_ready(health, False)
     await health.set("liveness", health_pb2.HealthCheckResponse.SERVING)

@@ -6,7 +6,6 @@ share the port (gateway/process/workers/); each worker runs ``serve`` with its i
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -23,6 +22,7 @@ from gateway.process.workers.parent import run_workers, worker_command
 from gateway.process.workers.worker import make_worker, start_private_site
 from gateway.wiring.app import create_app, refusal_recorder
 from gateway.wiring.reload import reload_on_signal
+from protocol.startup_heap import freeze_startup_objects
 
 SHUTDOWN_GRACE_S = 30.0
 
@@ -91,14 +91,6 @@ async def serve_gateway(config: KvgateConfig, config_path: Path, workers: int | 
         return await run_workers(command, count)
     await serve(config, config_path, identity)
     return 0
-
-
-def freeze_startup_objects() -> None:
-    """Move everything built at start (modules, tokenizer, config: ~66k objects) out of the
-    garbage collector's reach. Each full collection scanned them all: 33 ms of CPU with the
-    event loop stopped (over 0.3 s on a loaded host, seen as event-loop lag in bench/micro/soak.py)."""
-    gc.collect()
-    gc.freeze()
 
 
 async def serve(config: KvgateConfig, config_path: Path | None = None, worker: WorkerIdentity | None = None) -> None:
