@@ -24,9 +24,11 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/kvgate up -c config.yaml
 
-# --durations: the slowest tests, printed at the end of every run (CI's time budget is 10 minutes).
+# Two workers (pytest-xdist), each taking whole test files (module fixtures start engines once):
+# the suite waits on child processes for much of its time. --durations: the slowest tests, printed
+# at the end of every run (CI's time budget is 10 minutes).
 test: install lint browser redis dnsmasq
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
 test-fast: install

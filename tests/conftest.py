@@ -17,9 +17,15 @@ from typing import Any
 
 import pytest
 
+from bench.harness import processes
 from tests.procs import ManagedProcess, http
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+"""OpenMP threads (torch's, here and in the engines this suite starts) sleep instead of spinning while
+they wait: with two test workers on two cores, spinning threads took the cores from each other and
+the real-model tests ran twice as long (tests/engine/test_model_runner.py, test_engine_real.py and
+test_host_tier_real.py under `-n 2`: 145 s spinning, 67 s passive; 94 s one worker at a time)."""
 
 TESTS = Path(__file__).resolve().parent
 HEAVY_IMPORTS = (
@@ -72,6 +78,13 @@ def is_heavy(path: Path) -> bool:
         return True
     helpers = {_helper_path(module) for module in modules} - {None, path}
     return any(is_heavy(helper) for helper in helpers if helper is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two workers), each worker draws child ports from its own slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:
+        processes.PORT_SHARE = (int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10000
+PORT_SHARE = (0, 1)
+"""(index, count): this process draws its ports from the index-th of count equal slices of the range
+below the ephemeral ports, so test workers running side by side (pytest-xdist, tests/conftest.py)
+never hand out the same port before either child has bound it."""
 _handed_out: set[int] = set()
 
 
@@ -25,15 +29,22 @@ def free_port() -> int:
     before by this process. A port from ``bind(0)`` lies in that range, where the local end of every
     outgoing connection comes from: during the seconds a child process takes to bind it, one of the
     hundreds of connections a benchmark opens could take it ("Address already in use")."""
-    ceiling = _ephemeral_floor()
-    for _ in range(1000 if ceiling > LOWEST_PORT else 0):
-        port = random.randrange(LOWEST_PORT, ceiling)
+    lowest, ceiling = _port_slice(LOWEST_PORT, _ephemeral_floor())
+    for _ in range(1000 if ceiling > lowest else 0):
+        port = random.randrange(lowest, ceiling)
         if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
             return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _port_slice(lowest: int, ceiling: int) -> tuple[int, int]:
+    """This process's share (PORT_SHARE) of the ports from ``lowest`` up to ``ceiling``."""
+    index, count = PORT_SHARE
+    width = max(ceiling - lowest, 0) // count
+    return lowest + index * width, lowest + (index + 1) * width
 
 
 def _ephemeral_floor() -> int:

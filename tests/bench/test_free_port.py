@@ -41,3 +41,12 @@ def test_without_room_below_the_range_the_kernel_picks(monkeypatch: pytest.Monke
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_side_by_side_workers_draw_from_disjoint_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[set[int]] = []
+    for index in range(3):
+        monkeypatch.setattr(processes, "PORT_SHARE", (index, 3))
+        drawn.append({free_port() for _ in range(50)})
+    assert not drawn[0] & drawn[1] and not drawn[1] & drawn[2] and not drawn[0] & drawn[2]
+    assert max(drawn[0]) < min(drawn[1]) and max(drawn[1]) < min(drawn[2])
