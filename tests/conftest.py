@@ -126,7 +126,8 @@ def shared_real_engines(
 ) -> Iterator[list[ManagedProcess]]:
     """Two real SmolLM2 engines (`kvgate engine`) started once per run: each costs seconds of model
     loading, and the modules that use them need no flags of their own. Use ``real_engines``. They
-    stop after the last test that uses them (each holds ~2 GB), not at the end of the run."""
+    stop after the last test that uses them (each holds ~2 GB), not at the end of the run; under
+    pytest-xdist a worker that does not run that test stops its own pair at its end."""
     from tests.gateway_cluster import running, start_engine_set
 
     folder = tmp_path_factory.mktemp("shared-real-engines")
