@@ -164,7 +164,9 @@ async def test_after_kill_9_of_a_gateway_the_others_serve_and_its_leases_expire(
     await eventually(
         lambda: _equals(call_status(g2, "capped"), 200), "the killed gateway's leases expire", timeout_s=20 * LEASE_S
     )
-    assert await shared_in_flight(g0, "capped") == 0
+    # A lease taken after the dead gateway's last renewal expires up to a renewal period after the
+    # others: the first free slot lets the probe in before the last lease is gone.
+    await eventually(lambda: _equals(shared_in_flight(g0, "capped"), 0), "every lease of the killed gateway expires")
     for outcome in await asyncio.gather(*holders, return_exceptions=True):
         assert isinstance(outcome, aiohttp.ClientError | asyncio.TimeoutError), outcome
 
