@@ -8,8 +8,9 @@ processes on loopback.
 import json
 import os
 import secrets
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,14 @@ class Deployment:
 
     def log_lines(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()]
+
+    def logged(self, matches: Callable[[dict[str, Any]], bool], timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The request log's lines that match, once there is one: a stream's line is written after its
+        last chunk has gone out, so the client can read the log before the gateway writes it."""
+        deadline = time.monotonic() + timeout_s
+        while not (lines := [line for line in self.log_lines() if matches(line)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return lines
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +139,7 @@ def test_responses_plain_and_streamed(deployment: Deployment) -> None:
     )
     assert events[0].type == "response.created" and events[-1].response.usage.output_tokens == 5
     assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == whole.output_text
-    logged = [line for line in deployment.log_lines() if line["stream"] and line["completion_tokens"] == 5]
+    logged = deployment.logged(lambda line: line["stream"] and line["completion_tokens"] == 5)
     assert logged and logged[-1]["status"] == "200", "the gateway read the usage of the Responses stream"
     refused = http(
         "POST",
@@ -190,7 +199,7 @@ def test_remote_upstream_gets_its_key_and_never_leaks_it(deployment: Deployment)
     admin = http("GET", f"{deployment.gateway.url}/admin/backends").body.decode()
     for text in (refused.body.decode(), metrics, admin, deployment.gateway.log(), deployment.request_log.read_text()):
         assert REMOTE_KEY not in text and WRONG_KEY not in text
-    assert any(line["trace_id"] == TRACE_ID for line in deployment.log_lines())
+    assert deployment.logged(lambda line: line["trace_id"] == TRACE_ID)
 
 
 def test_a_streamed_request_carries_the_callers_trace_to_the_backend(deployment: Deployment) -> None:
@@ -204,4 +213,4 @@ def test_a_streamed_request_carries_the_callers_trace_to_the_backend(deployment:
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert json.loads(text)["traceparent"].split("-")[1] == trace_id
-    assert any(line["trace_id"] == trace_id and line["stream"] for line in deployment.log_lines())
+    assert deployment.logged(lambda line: line["trace_id"] == trace_id and line["stream"])
