@@ -7,6 +7,7 @@ room for it at once.
 """
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import aiohttp
@@ -76,10 +77,17 @@ def assert_budget_spent(status: int, body: dict) -> None:
     assert status == 429 and body["error"]["code"] == "tokens_per_minute_exceeded", body
 
 
-def logged(gateway: ManagedProcess, tenant: str, status: str) -> dict:
-    """The request log line of ``tenant``'s request that ended with ``status``."""
-    lines = [orjson.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
-    return next(line for line in lines if line["tenant"] == tenant and line["status"] == status)
+def logged(gateway: ManagedProcess, tenant: str, status: str, timeout_s: float = 10.0) -> dict:
+    """The request log line of ``tenant``'s request that ended with ``status``, once written (a
+    request's line comes as its handler ends, which may be after the client has its answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [orjson.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
+        found = [line for line in lines if line["tenant"] == tenant and line["status"] == status]
+        if found or time.monotonic() > deadline:
+            assert found, f"no request log line of {tenant} with status {status} in {timeout_s} s"
+            return found[0]
+        time.sleep(0.05)
 
 
 async def test_a_client_that_leaves_a_whole_answer_before_it_comes_is_charged_its_prompt(
