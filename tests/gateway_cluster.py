@@ -172,3 +172,17 @@ async def wait_for_status(
             return status
         assert time.monotonic() < deadline, f"condition never held: {status}"
         await asyncio.sleep(0.02)
+
+
+def logged_lines(
+    log_text: Callable[[], str], matches: Callable[[dict[str, Any]], bool], timeout_s: float = 10.0
+) -> list[dict[str, Any]]:
+    """The request log's JSON lines that match, once there is one (empty after ``timeout_s``): a
+    request's line is written as its handler ends, which may be after the client has its whole answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [orjson.loads(line) for line in log_text().splitlines() if line.startswith("{")]
+        found = [line for line in lines if matches(line)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)

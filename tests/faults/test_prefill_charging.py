@@ -7,11 +7,9 @@ room for it at once.
 """
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import aiohttp
-import orjson
 import pytest
 
 from tests.gateway_cluster import (
@@ -19,6 +17,7 @@ from tests.gateway_cluster import (
     chat,
     gateway_config,
     gateway_for,
+    logged_lines,
     post,
     running,
     start_engines,
@@ -77,17 +76,11 @@ def assert_budget_spent(status: int, body: dict) -> None:
     assert status == 429 and body["error"]["code"] == "tokens_per_minute_exceeded", body
 
 
-def logged(gateway: ManagedProcess, tenant: str, status: str, timeout_s: float = 10.0) -> dict:
-    """The request log line of ``tenant``'s request that ended with ``status``, once written (a
-    request's line comes as its handler ends, which may be after the client has its answer)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        lines = [orjson.loads(line) for line in gateway.log().splitlines() if line.startswith("{")]
-        found = [line for line in lines if line["tenant"] == tenant and line["status"] == status]
-        if found or time.monotonic() > deadline:
-            assert found, f"no request log line of {tenant} with status {status} in {timeout_s} s"
-            return found[0]
-        time.sleep(0.05)
+def logged(gateway: ManagedProcess, tenant: str, status: str) -> dict:
+    """The request log line of ``tenant``'s request that ended with ``status``."""
+    found = logged_lines(gateway.log, lambda line: line["tenant"] == tenant and line["status"] == status)
+    assert found, f"no request log line of {tenant} with status {status}"
+    return found[0]
 
 
 async def test_a_client_that_leaves_a_whole_answer_before_it_comes_is_charged_its_prompt(

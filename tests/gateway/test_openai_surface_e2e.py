@@ -8,7 +8,6 @@ processes on loopback.
 import json
 import os
 import secrets
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import openai
 import pytest
 
 from bench.harness.processes import module_command
-from tests.gateway_cluster import MODEL, gateway_config, gateway_for, running, start_engines
+from tests.gateway_cluster import MODEL, gateway_config, gateway_for, logged_lines, running, start_engines
 from tests.procs import ManagedProcess, free_port, http, start
 
 FAST_SIM = ("--sim", "--sim-preset", "instant", "--sim-decode-base-s", "0.002", "--max-model-len", "2048")
@@ -37,13 +36,8 @@ class Deployment:
     def log_lines(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()]
 
-    def logged(self, matches: Callable[[dict[str, Any]], bool], timeout_s: float = 10.0) -> list[dict[str, Any]]:
-        """The request log's lines that match, once there is one: a stream's line is written after its
-        last chunk has gone out, so the client can read the log before the gateway writes it."""
-        deadline = time.monotonic() + timeout_s
-        while not (lines := [line for line in self.log_lines() if matches(line)]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return lines
+    def logged(self, matches: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        return logged_lines(self.request_log.read_text, matches)
 
 
 @pytest.fixture(scope="module")
