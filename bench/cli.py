@@ -61,6 +61,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "engine-step-profile": ("bench.engine.step_profile", "where one engine runner step's time goes"),
     "engine-runner-timing": ("bench.engine.runner_timing", "time the model runner's prefill and decode; fit sim costs"),
     "engine-request-cost": ("bench.engine.request_cost", "engine TTFT, page faults and CPU time of one request"),
+    "engine-load-reading": ("bench.engine.load_reading_cost", "the engine's load reading per step as its queue grows"),
     "engine-grammar": ("bench.engine.grammar_decode", "decode tokens/s with and without a JSON schema"),
     "engine-matmul": ("bench.engine.matmul_libraries", "GFLOP/s of MKL and oneDNN on the engine's matrices"),
     "engine-vs-vllm": ("bench.engine.engine_vs_vllm", "the bundled engine against vLLM on CPU, same model and dtype"),

@@ -9,6 +9,17 @@ publishes it as msgpack on its load socket); ``ReplicaStats`` adds the cache's s
 import msgspec
 
 
+class PrefixWait(msgspec.Struct, frozen=True, array_like=True):
+    """Waiting prompts held behind one prefix block a running request is computing."""
+
+    block_hash: bytes
+    """The awaited block (kvgate's hash, 16 bytes, from the root)."""
+    tokens: int
+    """Their prompt tokens still to compute, counted in ``queued_prefill_tokens``."""
+    requests: int
+    """How many prompts wait for it."""
+
+
 class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """The work a replica has now, counted over every gateway that sends it requests."""
 
@@ -21,6 +32,9 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     queued_prefill_tokens: int | None = None
     """Prompt tokens admitted but not yet computed, over running and waiting requests; None when
     the replica cannot tell (vLLM's metrics have no such gauge)."""
+    prefix_waits: list[PrefixWait] = []
+    """The part of ``queued_prefill_tokens`` waiting for a prefix being computed, by the awaited
+    block: a request that shares none of those blocks is admitted ahead of them. Bundled engine only."""
     kv_cache_usage: float | None = None
     """Fraction of KV blocks held by requests (0 to 1)."""
     prefill_tokens_per_s: float | None = None
@@ -61,6 +75,7 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
             running=self.running,
             waiting=self.waiting,
             queued_prefill_tokens=self.queued_prefill_tokens,
+            prefix_waits=self.prefix_waits,
             kv_cache_usage=self.kv_cache_usage,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             pending_prefixes=self.pending_prefixes,

@@ -128,6 +128,7 @@ class SimBackend(Backend):
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             queued_prefill_tokens=scheduler.queued_prefill_tokens(),
+            prefix_waits=scheduler.prefix_waits(),
             prefill_tokens_per_s=self.replica.report()["prefill_tokens_per_s"] or None,
         )
 

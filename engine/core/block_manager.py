@@ -208,12 +208,29 @@ class BlockManager:
         found = len(self._prefix_hits(seq))
         return found < len(candidates) and candidates[found] in self._computing
 
+    def awaited_block(self, seq: Sequence) -> BlockHash | None:
+        """The block a running sequence is computing that the queued ``seq`` would compute next, if
+        any: ``waits_for_prefix`` by hashes alone, for load reports. The prefix ``seq`` found cached
+        when it was queued is held for it (``want_prefix``), so the scan starts past it."""
+        if not self._computing:
+            return None
+        for index in range(len(seq.wanted_hashes), self._num_hit_candidates(seq)):
+            block_hash = seq.block_hashes[index]
+            if block_hash in self._cached:
+                continue
+            return block_hash if block_hash in self._computing else None
+        return None
+
     def _hit_candidates(self, seq: Sequence) -> list[BlockHash]:
         """Hashes of the leading full blocks a prompt may hit (never its last token's block)."""
+        return seq.block_hashes[: self._num_hit_candidates(seq)]
+
+    def _num_hit_candidates(self, seq: Sequence) -> int:
+        """How many of ``seq.block_hashes`` (hashed here as far as needed) a prompt may hit."""
         extend_block_hashes(
             seq.block_hashes, seq.token_ids, self.block_size, self.model_name, seq.cache_salt, seq.adapter_name
         )
-        return seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size]
+        return (len(seq.token_ids) - 1) // self.block_size
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the pool can cover every token of ``seq`` (a decode may need one more block)."""

@@ -32,7 +32,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.model.lora_modules import LoRARef
 from engine.model.runner_api import ModelRunner, SamplingParams, TokenLogprobs
-from protocol.replica_stats import ReplicaLoad, ReplicaStats
+from protocol.replica_stats import PrefixWait, ReplicaLoad, ReplicaStats
 from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent
 
@@ -119,6 +119,7 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._prefill_rate = PrefillRate()
         self._queued_prefill_tokens = 0
+        self._prefix_waits: list[PrefixWait] = []
         self._announced: deque[list[bytes]] = deque()
         """Block hashes of the prompts queued since the load socket last read them (engine thread
         appends, publisher thread takes: a deque's append and popleft are thread-safe)."""
@@ -303,6 +304,7 @@ class LLMEngine:
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             queued_prefill_tokens=self._queued_prefill_tokens,
+            prefix_waits=self._prefix_waits,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             pending_prefixes=self._take_announced(),
@@ -316,6 +318,7 @@ class LLMEngine:
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             queued_prefill_tokens=self._queued_prefill_tokens,
+            prefix_waits=self._prefix_waits,
             kv_cache_usage=block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             block_size=block_manager.block_size,
@@ -352,6 +355,10 @@ class LLMEngine:
 
     def _take_load_reading(self) -> None:
         self._queued_prefill_tokens = self.scheduler.queued_prefill_tokens()
+        waits = self.scheduler.prefix_waits()
+        self._prefix_waits = [
+            PrefixWait(hash_to_bytes(block_hash), tokens, requests) for block_hash, (tokens, requests) in waits.items()
+        ]
 
     def _take_announced(self) -> list[list[bytes]]:
         announced = []

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.model.runner_api import BlockTransfer, SeqChunk
+from radix.hashing import BlockHash
 
 
 @dataclass
@@ -66,6 +67,19 @@ class Scheduler:
             if seq.num_computed_tokens < seq.num_prompt_tokens
         )
         return prefilling + sum(seq.num_uncomputed_tokens for seq in self.waiting)
+
+    def prefix_waits(self) -> dict[BlockHash, tuple[int, int]]:
+        """Waiting sequences held behind a prefix block a running sequence is computing, per that
+        block's hash: (their prompt tokens still to compute, how many); at most one entry per running
+        sequence. A queued request that shares none of those blocks is admitted ahead of them
+        (``schedule``); one that shares a block waits with them."""
+        waits: dict[BlockHash, tuple[int, int]] = {}
+        for seq in self.waiting:
+            block_hash = self.block_manager.awaited_block(seq)
+            if block_hash is not None:
+                tokens, requests = waits.get(block_hash, (0, 0))
+                waits[block_hash] = (tokens + seq.num_uncomputed_tokens, requests + 1)
+        return waits
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence; its cached prefix is kept from eviction until it is admitted."""

@@ -12,7 +12,7 @@ own in-flight accounting alone, as with a single gateway.
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.replica_stats import ReplicaLoad
 
@@ -39,6 +39,9 @@ class LoadNow:
     running: int
     waiting: int
     queued_prefill_tokens: int
+    prefix_waits: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Of the report's queued prefill, the prompts held behind each prefix block being computed, by
+    kvgate hash: (their tokens, how many) (``ReplicaLoad.prefix_waits``)."""
 
 
 class LoadView:
@@ -47,6 +50,7 @@ class LoadView:
     def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stale_after_s = stale_after_s
         self.report: ReplicaLoad | None = None
+        self._prefix_waits: dict[int, tuple[int, int]] = {}
         self.report_received_at = 0.0
         self._clock = clock
         self._sent: set[SentRequest] = set()
@@ -62,6 +66,9 @@ class LoadView:
         now = self._clock()
         self.report = report
         self.report_received_at = now
+        self._prefix_waits = {
+            int.from_bytes(wait.block_hash, "big"): (wait.tokens, wait.requests) for wait in report.prefix_waits
+        }
         cutoff = now - COVER_GRACE_S
         self._uncovered_requests = self._uncovered_prefill = 0
         self._covered_finished = self._covered_prefilled = 0
@@ -125,4 +132,4 @@ class LoadView:
             prefill = self.own_prefill_tokens
         else:
             prefill = max(report.queued_prefill_tokens - self._covered_prefilled, 0) + self._uncovered_prefill
-        return LoadNow(running, waiting, prefill)
+        return LoadNow(running, waiting, prefill, self._prefix_waits)

@@ -116,6 +116,7 @@ class Backend:
             num_running=load.running,
             num_waiting=load.waiting,
             queued_prefill_tokens=load.queued_prefill_tokens,
+            prefix_waits=load.prefix_waits,
             kv_usage=report.kv_cache_usage if report is not None else None,
             prefill_tokens_per_s=report.prefill_tokens_per_s if report is not None else None,
         )

@@ -66,6 +66,9 @@ class RouteContext:
     footprints would exceed its KV capacity by with this request's new blocks added (absent: none)."""
     active_sessions: dict[str, int] = field(default_factory=dict)
     """Per replica, for a request with a session key: the active sessions it serves."""
+    passed_prompts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per replica, the queued prompts this request would be admitted ahead of, (tokens, how many):
+    prompts held behind a prefix block being computed that this prompt does not share (absent: none)."""
     best_cached: int = field(init=False)
     """The most cached tokens any eligible replica has."""
     shared_cached: int = field(init=False)
@@ -119,8 +122,23 @@ class RouteContext:
         if replica.num_running is not None:
             requests = max(requests, replica.num_running + (replica.num_waiting or 0))
         queued = replica.queued_prefill_tokens
-        prefill_s = (replica.in_flight_prefill_tokens if queued is None else queued) / self.prefill_rate(replica)
+        if queued is None:
+            queued = replica.in_flight_prefill_tokens
+        else:
+            queued -= min(self.passed_tokens(replica.name), queued)
+        prefill_s = queued / self.prefill_rate(replica)
         return prefill_s + requests * self.config.decode_wait_s_per_request
+
+    def passed_tokens(self, name: str) -> int:
+        """Queued prompt tokens this request is admitted ahead of at replica ``name``, less the delay
+        it causes them: each prompt it passes then waits for this one's prefill, counted once per
+        prompt passed. So passing pays for a request with little to compute (a cached follow-up on
+        its owner), not for a new prompt that would hold a whole burst back."""
+        tokens, requests = self.passed_prompts.get(name, (0, 0))
+        if not tokens:
+            return 0
+        own = self.request.prompt_tokens - self.useful_cached(name)
+        return max(tokens - requests * own, 0)
 
     def recompute_s(self, replica: ReplicaState) -> float:
         """Prefill this replica would spend on prompt tokens an owner has cached and it has not:

@@ -134,7 +134,8 @@ class Router:
         )
         churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
         overflow, sessions = self._session_load(request, candidates, matched, now)
-        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions)
+        passed = self._passed_prompts(request, candidates)
+        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions, passed)
         ranked = self.policy.rank(ctx)
         chosen = ranked[0]
         reason = self.policy.reason(ctx, chosen)
@@ -154,6 +155,29 @@ class Router:
         reason = keyed_reason(reason, request.session_source)
         decision = RouteDecision(chosen, reason, cached.get(chosen, 0), ranked, hold, retention_key)
         return RouteTicket(request, decision, matched, cached, found)
+
+    def _passed_prompts(self, request: RouteRequest, candidates: list[ReplicaState]) -> dict[str, tuple[int, int]]:
+        """Per replica, the queued prompts held behind a prefix block being computed that ``request``
+        does not share, (tokens, how many): the replica admits it ahead of them.
+
+        Counting those prompts whole for everyone is what spreads a burst on one new prefix (its
+        followers wait for the first to compute it, yet each adds its whole prompt to where it went);
+        counted for a request that passes them, they made a follow-up leave its owner
+        (bench/notes/2026-12-02-prefix-waits.md). Only where the replica's blocks are the gateway's
+        (precise mode, one block size), so that a hash names the same prefix on both sides."""
+        passed: dict[str, tuple[int, int]] = {}
+        shared: set[int] | None = None
+        for replica in candidates:
+            waits = replica.prefix_waits
+            if not waits or replica.name not in self._specs or not self.tracker.is_precise(replica.name):
+                continue
+            if self.tracker.engine_block_size(replica.name) != self.block_size:
+                continue
+            shared = set(request.block_hashes) if shared is None else shared
+            held = [wait for block_hash, wait in waits.items() if block_hash not in shared]
+            if held:
+                passed[replica.name] = (sum(tokens for tokens, _ in held), sum(requests for _, requests in held))
+        return passed
 
     def _retention_key(self, hashes: list[int], held: list[int], match_end: int | None, now: float) -> str | None:
         """The conversation's key: the one its previous turn got, else the first private block's.

@@ -73,6 +73,9 @@ class ReplicaState:
     num_waiting: int | None = None
     queued_prefill_tokens: int | None = None
     """Prompt tokens queued for prefill at the replica, from every gateway when it reports them."""
+    prefix_waits: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Of those, the prompts held behind a prefix block the replica is computing, per that block's
+    hash: (their tokens, how many). A request that shares none of those blocks is admitted ahead of them."""
     kv_usage: float | None = None
     prefill_tokens_per_s: float | None = None
 

@@ -17,6 +17,8 @@ import zmq
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.model.runner_api import SamplingParams
+from gateway.backends.pool import BackendPool
+from gateway.config import BackendSpec, HealthConfig
 from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import (
@@ -122,6 +124,40 @@ def test_load_socket_reports_queued_prefill_ten_times_a_second(
                 future.result()
         idle = wait_for_load(socket, lambda load: load.running == 0 and load.waiting == 0)
         assert idle.queued_prefill_tokens == 0 and idle.prefill_tokens_per_s
+    finally:
+        socket.close()
+
+
+def test_load_socket_reports_prompts_held_behind_a_prefix_being_computed(
+    engine: ManagedProcess, endpoints: dict[str, str]
+) -> None:
+    """Two follow-ups sent while their first turn is prefilling (two 2,048-token chunks) wait for its
+    blocks: the load message names the block they wait for (one of the first turn's) and their
+    whole prompts."""
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoints["load"])
+    first_turn = prompt(50, 3500)
+    follow_ups = [[*first_turn, *prompt(51 + index, 20)] for index in range(2)]
+    try:
+        wait_for_load(socket, lambda load: load.running == 0 and load.waiting == 0)
+        with ThreadPoolExecutor(3) as pool:
+            sent = [pool.submit(complete, engine.url, first_turn)]
+            wait_for_load(socket, lambda load: load.running == 1 and (load.queued_prefill_tokens or 0) > 1000)
+            sent += [pool.submit(complete, engine.url, follow_up) for follow_up in follow_ups]
+            held = wait_for_load(socket, lambda load: any(wait.requests == 2 for wait in load.prefix_waits))
+            for future in sent:
+                future.result()
+        (wait,) = held.prefix_waits
+        assert wait.tokens == 2 * 3520
+        assert wait.block_hash in {hash_to_bytes(h) for h in block_hashes(first_turn, 16, MODEL)}
+        backend = BackendPool.from_specs([(BackendSpec(name="e", url=engine.url), MODEL)], HealthConfig()).backends["e"]
+        backend.load.on_report(held)
+        assert backend.state().prefix_waits == {int.from_bytes(wait.block_hash, "big"): (2 * 3520, 2)}, (
+            "what routing reads, by the gateway's hash"
+        )
+        assert not wait_for_load(socket, lambda load: load.running == 0).prefix_waits
     finally:
         socket.close()
 

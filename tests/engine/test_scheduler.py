@@ -196,3 +196,20 @@ def test_an_aborted_queued_request_releases_the_prefix_it_wanted() -> None:
     assert not queued.wanted_hashes
     scheduler.assert_invariants()
     run_to_completion(scheduler)
+
+
+def test_prompts_held_behind_a_prefix_being_computed_are_reported_by_the_awaited_block() -> None:
+    """What the load report's ``prefix_waits`` says: the follow-ups waiting for their first turn's
+    prefix, grouped by the block they wait for; a prompt that waits for nothing is not among them."""
+    scheduler, first, _ = follow_up_during_prefill(budget=8)
+    scheduler.add(follow_up_of(first, 2, extra=6))
+    scheduler.max_num_seqs = 1
+    scheduler.add(make_seq(3, 12))
+    awaited = first.block_hashes[first.num_computed_tokens // BLOCK]
+    assert scheduler.prefix_waits() == {awaited: (36 + 38, 2)}
+    run_step(scheduler)
+    assert scheduler.prefix_waits() == {first.block_hashes[first.num_computed_tokens // BLOCK]: (36 + 38, 2)}, (
+        "the next block the first turn computes"
+    )
+    run_to_completion(scheduler)
+    assert scheduler.prefix_waits() == {}

@@ -1,7 +1,8 @@
 """A replica's load as one gateway sees it: its report plus this gateway's requests, each counted once."""
 
 from gateway.backends.load_view import COVER_GRACE_S, LoadNow, LoadView
-from protocol.replica_stats import ReplicaLoad
+from protocol.replica_stats import PrefixWait, ReplicaLoad, decode_load, encode_load
+from radix.hashing import hash_to_bytes
 
 
 class Clock:
@@ -85,3 +86,15 @@ def test_prefill_added_after_the_send_is_counted_once_covered_or_not() -> None:
     view.on_finished(covered)
     view.on_finished(uncovered)
     assert view.own_requests == view.own_prefill_tokens == 0
+
+
+def test_prompts_held_behind_a_prefix_come_from_a_fresh_report_only() -> None:
+    """By the gateway's hash (the wire's 16 big-endian bytes); a stale report's are forgotten with it."""
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    held = PrefixWait(hash_to_bytes(7 << 100), 2_600, 2)
+    reading = ReplicaLoad(ts=0.0, running=1, waiting=2, queued_prefill_tokens=3_000, prefix_waits=[held])
+    view.on_report(decode_load(encode_load(reading)))
+    assert view.now() == LoadNow(1, 2, 3_000, {7 << 100: (2_600, 2)})
+    clock.now += 2.0
+    assert view.now().prefix_waits == {}

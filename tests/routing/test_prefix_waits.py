@@ -1,0 +1,82 @@
+"""Prompts a replica holds behind a prefix it is computing (``ReplicaState.prefix_waits``): a
+request that shares that prefix waits with them, one that does not is admitted ahead of them and
+delays each by its own prefill."""
+
+from gateway.routing.config import RoutingConfig
+from gateway.routing.router import ReplicaSpec, Router
+from gateway.routing.types import ReplicaState
+from tests.routing.helpers import BLOCK, MODEL, request, state, warm
+
+FAST = 10_000.0
+"""Prefill tokens/s: an idle replica computes a 1,024-token prompt in 0.1 s."""
+BURST = request(2, request_id="burst-leader")
+"""A burst on prefix 2: its first request is computing the prefix, the rest wait for it."""
+HELD = {BURST.block_hashes[0]: (39_000, 30)}
+"""30 burst requests (1,300 tokens each) held behind the leader's first block."""
+
+
+def precise_router(names: tuple[str, ...] = ("a", "b", "c")) -> Router:
+    specs = [ReplicaSpec(name, MODEL, f"tcp://127.0.0.1:{9000 + index}", None) for index, name in enumerate(names)]
+    return Router(RoutingConfig(policy="cache_aware", prefill_tokens_per_s=FAST, ttft_target_s=0.5), BLOCK, specs)
+
+
+def fleet(held: dict[int, tuple[int, int]]) -> list[ReplicaState]:
+    """b has the burst queued (its held part ``held``); a and c 3,000 tokens of ordinary work."""
+    return [
+        state("a", queued_prefill_tokens=3_000),
+        state("b", queued_prefill_tokens=40_000, prefix_waits=held),
+        state("c", queued_prefill_tokens=3_000),
+    ]
+
+
+def test_a_cached_follow_up_passes_the_held_burst_and_stays_on_its_owner() -> None:
+    r = precise_router()
+    warm(r, "b", prefix=1)
+    decision = r.route(request(1), fleet(HELD)).decision
+    assert (decision.backend, decision.reason) == ("b", "prefix-hit"), (
+        "64 tokens to compute, admitted ahead of the burst"
+    )
+    counted_whole = r.route(request(1), fleet({})).decision
+    assert counted_whole.reason == "load-spill", "without the report, b's 4 s queue sends it away"
+
+
+def test_a_request_on_the_awaited_prefix_waits_with_the_held_prompts() -> None:
+    """Another burst request: subtracting the held prompts would make b look idle and draw the
+    whole burst there."""
+    r = precise_router()
+    decision = r.route(request(2, request_id="burst-follower"), fleet(HELD)).decision
+    assert decision.backend != "b"
+    assert decision.ranked[-1] == "b"
+
+
+def test_a_new_prompt_is_charged_the_delay_it_would_cause_the_prompts_it_passes() -> None:
+    """1,024 tokens to compute ahead of 30 held prompts delays them 30 x 1,024 tokens' worth: b
+    is no cheaper than its whole queue for it."""
+    r = precise_router()
+    decision = r.route(request(3, request_id="new"), fleet(HELD)).decision
+    assert decision.backend != "b"
+
+
+def test_held_prompts_count_whole_in_predicted_mode() -> None:
+    """Without KV events the replica's block size and hashes are unknown: every request would
+    look unrelated to the burst."""
+    predicted = Router(
+        RoutingConfig(policy="cache_aware", prefill_tokens_per_s=FAST, ttft_target_s=0.5),
+        BLOCK,
+        [ReplicaSpec(name, MODEL, None, None) for name in ("a", "b", "c")],
+    )
+    warm(predicted, "b", prefix=1)
+    assert predicted.route(request(1), fleet(HELD)).decision.reason == "load-spill"
+
+
+async def test_held_prompts_count_whole_where_the_engine_blocks_are_another_size() -> None:
+    """An engine caching 32-token blocks names prefixes by hashes the gateway's 16-token ones never equal."""
+    r = precise_router()
+    await r.start()
+    try:
+        warm(r, "b", prefix=1)
+        assert r.route(request(1), fleet(HELD)).decision.reason == "prefix-hit"
+        r.tracker.subscribers["b"].applier.engine_block_size = 2 * BLOCK
+        assert r.route(request(1), fleet(HELD)).decision.reason == "load-spill"
+    finally:
+        await r.stop()
