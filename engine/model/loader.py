@@ -2,16 +2,23 @@
 
 A GGUF model is dequantized by transformers once (seconds) and saved as safetensors plus
 ``config.json`` in ``ModelSource.cache_dir / "hf"``; every later load reads that folder. The folder
-appears by an atomic rename, so a crashed or concurrent conversion never leaves half a cache (the
-loser of a race drops its copy).
+appears by an atomic rename, so a crashed conversion never leaves half a cache, and a lock file
+beside it makes processes that load the model at once (engines starting on one host) wait for
+one conversion instead of each converting: on two cores, two conversions at once took ~35-40 s
+each against 18 s for one.
 """
 
+import functools
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -41,7 +48,10 @@ def load_model(model: str, device: str = "cpu") -> LoadedModel:
     source = resolve_model(model)
     folder = _float_weights_dir(source)
     if source.gguf_file is not None and not (folder / "config.json").is_file():
-        _convert_gguf(source, folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(folder.with_name(f"{folder.name}.lock")):
+            if not (folder / "config.json").is_file():
+                _convert_gguf(source, folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {folder}")
@@ -76,7 +86,8 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     config = _gguf_config(source)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
-    state = load_gguf_checkpoint(str(source.gguf_file), return_tensors=True, model_to_load=skeleton)["tensors"]
+    with _tensor_name_maps_reused():
+        state = load_gguf_checkpoint(str(source.gguf_file), return_tensors=True, model_to_load=skeleton)["tensors"]
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
@@ -89,3 +100,17 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         shutil.rmtree(partial)
         if not (target / "config.json").is_file():
             raise
+
+
+@contextmanager
+def _tensor_name_maps_reused() -> Iterator[None]:
+    """transformers' GGUF reader asks gguf for the tensor name map of the whole model once per
+    module it visits (397 times for SmolLM2-135M, 7 s of a 15 s read on the 2-core VM); the map
+    depends only on the architecture and the layer count, and the reader only looks names up in
+    it, so one map per pair serves every call."""
+    build = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(build)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = build

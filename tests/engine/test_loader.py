@@ -1,12 +1,14 @@
-"""The loader converts the bundled GGUF once, caches float weights, and reloads from the cache."""
+"""The loader converts the bundled GGUF once (also when loaded twice at once), caches float weights,
+and reloads from the cache."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.model import loader
-from normalize.model_files import resolve_model
+from normalize.model_files import ModelSource, resolve_model
 
 torch.set_num_threads(2)
 
@@ -23,7 +25,18 @@ def test_config_of_bundled_model_without_loading_weights() -> None:
 def test_gguf_converted_once_then_loaded_from_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_CACHE", str(tmp_path))
     config_from_gguf = loader.load_hf_config(MODEL)
-    converted = loader.load_model(MODEL)
+    conversions = []
+    convert = loader._convert_gguf
+
+    def counted(source: ModelSource, target: Path) -> None:
+        conversions.append(target)
+        convert(source, target)
+
+    monkeypatch.setattr(loader, "_convert_gguf", counted)
+    with ThreadPoolExecutor(2) as pool:
+        converted, at_once = pool.map(lambda _: loader.load_model(MODEL), range(2))
+    assert len(conversions) == 1, "two loads at once (engines starting on one host) convert once"
+    assert converted.weights.keys() == at_once.weights.keys()
     folder = resolve_model(MODEL).cache_dir / "hf"
     assert folder.parent.parent == tmp_path
     assert sorted(path.name for path in folder.iterdir()) == ["config.json", "model.safetensors"]
