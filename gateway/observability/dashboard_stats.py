@@ -70,6 +70,7 @@ def _replica(backend: Backend, tally: Tally) -> dict:
         "num_running": state.num_running,
         "num_waiting": state.num_waiting,
         "queued_prefill_tokens": state.queued_prefill_tokens,
+        "held_prefill_tokens": sum(tokens for tokens, _ in state.prefix_waits.values()),
         "load_reported": backend.load.fresh,
         "kv_usage": state.kv_usage,
         "prefill_tokens_per_s": prefill_rate if has_rate else None,
