@@ -20,12 +20,12 @@ def precise_router(names: tuple[str, ...] = ("a", "b", "c")) -> Router:
     return Router(RoutingConfig(policy="cache_aware", prefill_tokens_per_s=FAST, ttft_target_s=0.5), BLOCK, specs)
 
 
-def fleet(held: dict[int, tuple[int, int]]) -> list[ReplicaState]:
-    """b has the burst queued (its held part ``held``); a and c 3,000 tokens of ordinary work."""
+def fleet(held: dict[int, tuple[int, int]], others: int = 3_000) -> list[ReplicaState]:
+    """b has the burst queued (its held part ``held``); a and c ``others`` tokens of ordinary work."""
     return [
-        state("a", queued_prefill_tokens=3_000),
+        state("a", queued_prefill_tokens=others),
         state("b", queued_prefill_tokens=40_000, prefix_waits=held),
-        state("c", queued_prefill_tokens=3_000),
+        state("c", queued_prefill_tokens=others),
     ]
 
 
@@ -42,11 +42,14 @@ def test_a_cached_follow_up_passes_the_held_burst_and_stays_on_its_owner() -> No
 
 def test_a_request_on_the_awaited_prefix_waits_with_the_held_prompts() -> None:
     """Another burst request: subtracting the held prompts would make b look idle and draw the
-    whole burst there."""
+    whole burst there (three long held prompts: passing them would cost little)."""
     r = precise_router()
-    decision = r.route(request(2, request_id="burst-follower"), fleet(HELD)).decision
+    few_long = {BURST.block_hashes[0]: (39_000, 3)}
+    decision = r.route(request(2, request_id="burst-follower"), fleet(few_long, others=6_000)).decision
     assert decision.backend != "b"
     assert decision.ranked[-1] == "b"
+    unrelated = r.route(request(3, request_id="unrelated"), fleet(few_long, others=6_000)).decision
+    assert unrelated.backend == "b", "a prompt that does not share the burst's prefix passes it"
 
 
 def test_a_new_prompt_is_charged_the_delay_it_would_cause_the_prompts_it_passes() -> None:
