@@ -169,15 +169,19 @@ class Router:
         shared: set[int] | None = None
         for replica in candidates:
             waits = replica.prefix_waits
-            if not waits or replica.name not in self._specs or not self.tracker.is_precise(replica.name):
-                continue
-            if self.tracker.engine_block_size(replica.name) != self.block_size:
+            if not waits or not self._hashes_blocks_as_we_do(replica.name):
                 continue
             shared = set(request.block_hashes) if shared is None else shared
             held = [wait for block_hash, wait in waits.items() if block_hash not in shared]
             if held:
                 passed[replica.name] = (sum(tokens for tokens, _ in held), sum(requests for _, requests in held))
         return passed
+
+    def _hashes_blocks_as_we_do(self, name: str) -> bool:
+        """The replica's block hashes are the gateway's: precise mode, one block size."""
+        if name not in self._specs or not self.tracker.is_precise(name):
+            return False
+        return self.tracker.engine_block_size(name) == self.block_size
 
     def _retention_key(self, hashes: list[int], held: list[int], match_end: int | None, now: float) -> str | None:
         """The conversation's key: the one its previous turn got, else the first private block's.

@@ -100,66 +100,61 @@ def test_stats_are_the_typed_struct(engine: ManagedProcess) -> None:
     assert stats.running == 0 and stats.queued_prefill_tokens == 0
 
 
-def test_load_socket_reports_queued_prefill_ten_times_a_second(
-    engine: ManagedProcess, endpoints: dict[str, str]
-) -> None:
-    """While the engine works, load messages keep the pace they have when it is idle (every 0.05 s on a
-    quiet machine): measured against the idle pace first, so that a busy machine slows both alike."""
+@pytest.fixture
+def load_socket(endpoints: dict[str, str]) -> Iterator[zmq.Socket]:
+    """A subscriber to the engine's load socket, closed after the test."""
     socket = zmq.Context.instance().socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(endpoints["load"])
-    try:
-        loads = [decode_load(socket.recv()) for _ in range(11)]
-        assert all(load.running == 0 and load.queued_prefill_tokens == 0 for load in loads)
-        idle_gap = median_gap([load.ts for load in loads])
-        with ThreadPoolExecutor(4) as pool:
-            sent = [pool.submit(complete, engine.url, prompt(100 + index)) for index in range(4)]
-            wait_for_load(
-                socket, lambda load: (load.queued_prefill_tokens or 0) > 600 and load.running + load.waiting > 1
-            )
-            busy_gap = median_gap([decode_load(socket.recv()).ts for _ in range(11)])
-            assert busy_gap < 2 * idle_gap, f"busy, a load message every {busy_gap} s; idle, every {idle_gap} s"
-            for future in sent:
-                future.result()
-        idle = wait_for_load(socket, lambda load: load.running == 0 and load.waiting == 0)
-        assert idle.queued_prefill_tokens == 0 and idle.prefill_tokens_per_s
-    finally:
-        socket.close()
+    yield socket
+    socket.close()
+
+
+def test_load_socket_reports_queued_prefill_ten_times_a_second(engine: ManagedProcess, load_socket: zmq.Socket) -> None:
+    """While the engine works, load messages keep the pace they have when it is idle (every 0.05 s on a
+    quiet machine): measured against the idle pace first, so that a busy machine slows both alike."""
+    loads = [decode_load(load_socket.recv()) for _ in range(11)]
+    assert all(load.running == 0 and load.queued_prefill_tokens == 0 for load in loads)
+    idle_gap = median_gap([load.ts for load in loads])
+    with ThreadPoolExecutor(4) as pool:
+        sent = [pool.submit(complete, engine.url, prompt(100 + index)) for index in range(4)]
+        wait_for_load(
+            load_socket, lambda load: (load.queued_prefill_tokens or 0) > 600 and load.running + load.waiting > 1
+        )
+        busy_gap = median_gap([decode_load(load_socket.recv()).ts for _ in range(11)])
+        assert busy_gap < 2 * idle_gap, f"busy, a load message every {busy_gap} s; idle, every {idle_gap} s"
+        for future in sent:
+            future.result()
+    idle = wait_for_load(load_socket, lambda load: load.running == 0 and load.waiting == 0)
+    assert idle.queued_prefill_tokens == 0 and idle.prefill_tokens_per_s
 
 
 def test_load_socket_reports_prompts_held_behind_a_prefix_being_computed(
-    engine: ManagedProcess, endpoints: dict[str, str]
+    engine: ManagedProcess, load_socket: zmq.Socket
 ) -> None:
     """Two follow-ups sent while their first turn is prefilling (two 2,048-token chunks) wait for its
     blocks: the load message names the block they wait for (one of the first turn's) and their
     whole prompts."""
-    socket = zmq.Context.instance().socket(zmq.SUB)
-    socket.setsockopt(zmq.SUBSCRIBE, b"")
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(endpoints["load"])
     first_turn = prompt(50, 3500)
     follow_ups = [[*first_turn, *prompt(51 + index, 20)] for index in range(2)]
-    try:
-        wait_for_load(socket, lambda load: load.running == 0 and load.waiting == 0)
-        with ThreadPoolExecutor(3) as pool:
-            sent = [pool.submit(complete, engine.url, first_turn)]
-            wait_for_load(socket, lambda load: load.running == 1 and (load.queued_prefill_tokens or 0) > 1000)
-            sent += [pool.submit(complete, engine.url, follow_up) for follow_up in follow_ups]
-            held = wait_for_load(socket, lambda load: any(wait.requests == 2 for wait in load.prefix_waits))
-            for future in sent:
-                future.result()
-        (wait,) = held.prefix_waits
-        assert wait.tokens == 2 * 3520
-        assert wait.block_hash in {hash_to_bytes(h) for h in block_hashes(first_turn, 16, MODEL)}
-        backend = BackendPool.from_specs([(BackendSpec(name="e", url=engine.url), MODEL)], HealthConfig()).backends["e"]
-        backend.load.on_report(held)
-        assert backend.state().prefix_waits == {int.from_bytes(wait.block_hash, "big"): (2 * 3520, 2)}, (
-            "what routing reads, by the gateway's hash"
-        )
-        assert not wait_for_load(socket, lambda load: load.running == 0).prefix_waits
-    finally:
-        socket.close()
+    wait_for_load(load_socket, lambda load: load.running == 0 and load.waiting == 0)
+    with ThreadPoolExecutor(3) as pool:
+        sent = [pool.submit(complete, engine.url, first_turn)]
+        wait_for_load(load_socket, lambda load: load.running == 1 and (load.queued_prefill_tokens or 0) > 1000)
+        sent += [pool.submit(complete, engine.url, follow_up) for follow_up in follow_ups]
+        held = wait_for_load(load_socket, lambda load: any(wait.requests == 2 for wait in load.prefix_waits))
+        for future in sent:
+            future.result()
+    (wait,) = held.prefix_waits
+    assert wait.tokens == 2 * 3520
+    assert wait.block_hash in {hash_to_bytes(h) for h in block_hashes(first_turn, 16, MODEL)}
+    backend = BackendPool.from_specs([(BackendSpec(name="e", url=engine.url), MODEL)], HealthConfig()).backends["e"]
+    backend.load.on_report(held)
+    assert backend.state().prefix_waits == {int.from_bytes(wait.block_hash, "big"): (2 * 3520, 2)}, (
+        "what routing reads, by the gateway's hash"
+    )
+    assert not wait_for_load(load_socket, lambda load: load.running == 0).prefix_waits
 
 
 def test_replay_sends_buffered_batches_then_a_snapshot_once_outrun(

@@ -27,8 +27,14 @@ def state(
     return ReplicaState(name, model, healthy, in_flight, prefill_tokens, **metrics)
 
 
-def router(policy: str = "cache_aware", names: tuple[str, ...] = ("a", "b", "c"), **config: object) -> Router:
-    specs = [ReplicaSpec(name, MODEL, None, None) for name in names]
+def router(
+    policy: str = "cache_aware", names: tuple[str, ...] = ("a", "b", "c"), precise: bool = False, **config: object
+) -> Router:
+    """``precise``: each replica has a KV-event endpoint (nothing listens there unless the router is started)."""
+    specs = [
+        ReplicaSpec(name, MODEL, f"tcp://127.0.0.1:{9000 + index}" if precise else None, None)
+        for index, name in enumerate(names)
+    ]
     return Router(RoutingConfig(policy=policy, **config), BLOCK, specs)
 
 

@@ -2,10 +2,9 @@
 request that shares that prefix waits with them, one that does not is admitted ahead of them and
 delays each by its own prefill."""
 
-from gateway.routing.config import RoutingConfig
-from gateway.routing.router import ReplicaSpec, Router
+from gateway.routing.router import Router
 from gateway.routing.types import ReplicaState
-from tests.routing.helpers import BLOCK, MODEL, request, state, warm
+from tests.routing.helpers import BLOCK, request, router, state, warm
 
 FAST = 10_000.0
 """Prefill tokens/s: an idle replica computes a 1,024-token prompt in 0.1 s."""
@@ -15,9 +14,8 @@ HELD = {BURST.block_hashes[0]: (39_000, 30)}
 """30 burst requests (1,300 tokens each) held behind the leader's first block."""
 
 
-def precise_router(names: tuple[str, ...] = ("a", "b", "c")) -> Router:
-    specs = [ReplicaSpec(name, MODEL, f"tcp://127.0.0.1:{9000 + index}", None) for index, name in enumerate(names)]
-    return Router(RoutingConfig(policy="cache_aware", prefill_tokens_per_s=FAST, ttft_target_s=0.5), BLOCK, specs)
+def estimating_router(precise: bool = True) -> Router:
+    return router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, precise=precise)
 
 
 def fleet(held: dict[int, tuple[int, int]], others: int = 3_000) -> list[ReplicaState]:
@@ -30,7 +28,7 @@ def fleet(held: dict[int, tuple[int, int]], others: int = 3_000) -> list[Replica
 
 
 def test_a_cached_follow_up_passes_the_held_burst_and_stays_on_its_owner() -> None:
-    r = precise_router()
+    r = estimating_router()
     warm(r, "b", prefix=1)
     decision = r.route(request(1), fleet(HELD)).decision
     assert (decision.backend, decision.reason) == ("b", "prefix-hit"), (
@@ -43,7 +41,7 @@ def test_a_cached_follow_up_passes_the_held_burst_and_stays_on_its_owner() -> No
 def test_a_request_on_the_awaited_prefix_waits_with_the_held_prompts() -> None:
     """Another burst request: subtracting the held prompts would make b look idle and draw the
     whole burst there (three long held prompts: passing them would cost little)."""
-    r = precise_router()
+    r = estimating_router()
     few_long = {BURST.block_hashes[0]: (39_000, 3)}
     decision = r.route(request(2, request_id="burst-follower"), fleet(few_long, others=6_000)).decision
     assert decision.backend != "b"
@@ -55,7 +53,7 @@ def test_a_request_on_the_awaited_prefix_waits_with_the_held_prompts() -> None:
 def test_a_new_prompt_is_charged_the_delay_it_would_cause_the_prompts_it_passes() -> None:
     """1,024 tokens to compute ahead of 30 held prompts delays them 30 x 1,024 tokens' worth: b
     is no cheaper than its whole queue for it."""
-    r = precise_router()
+    r = estimating_router()
     decision = r.route(request(3, request_id="new"), fleet(HELD)).decision
     assert decision.backend != "b"
 
@@ -63,18 +61,14 @@ def test_a_new_prompt_is_charged_the_delay_it_would_cause_the_prompts_it_passes(
 def test_held_prompts_count_whole_in_predicted_mode() -> None:
     """Without KV events the replica's block size and hashes are unknown: every request would
     look unrelated to the burst."""
-    predicted = Router(
-        RoutingConfig(policy="cache_aware", prefill_tokens_per_s=FAST, ttft_target_s=0.5),
-        BLOCK,
-        [ReplicaSpec(name, MODEL, None, None) for name in ("a", "b", "c")],
-    )
+    predicted = estimating_router(precise=False)
     warm(predicted, "b", prefix=1)
     assert predicted.route(request(1), fleet(HELD)).decision.reason == "load-spill"
 
 
 async def test_held_prompts_count_whole_where_the_engine_blocks_are_another_size() -> None:
     """An engine caching 32-token blocks names prefixes by hashes the gateway's 16-token ones never equal."""
-    r = precise_router()
+    r = estimating_router()
     await r.start()
     try:
         warm(r, "b", prefix=1)
