@@ -32,8 +32,9 @@ from gateway.backends.proxy import ProxyCall, UpstreamAnswered, UpstreamFailed, 
 from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.in_flight import InFlight
-from gateway.routing.pd_decider import PdDecision, decide_disaggregation
-from gateway.routing.placement import Placement, place
+from gateway.routing.pd_decider import PdDecision
+from gateway.routing.pd_leg import place_prefill_leg
+from gateway.routing.placement import Placement
 from gateway.routing.router import Router
 from gateway.routing.types import RouteDecision, RouteRequest
 
@@ -75,8 +76,6 @@ class PdOutcome:
     decision: PdChoice
     prefill_backend: str | None = None
     """The replica the prefill leg was sent to (also when it failed)."""
-    prefill_reason: str | None = None
-    """The router's reason for that replica."""
     prefill_prompt_tokens: int | None = None
     prefill_cached_tokens: int | None = None
     """The prefill replica's own prefix hit (its answer's ``cached_tokens``)."""
@@ -185,33 +184,30 @@ class Disaggregation:
 
     def plan(self, request: RouteRequest, decode: Backend, decode_cached: int, eligible: bool, retry: bool) -> PdPlan:
         """Decide, synchronously (nothing else routes meanwhile), where the request's prefill runs."""
-        if not eligible or not self.pool.disaggregates(request.model):
+        among_both = self.router.config.disaggregation.among_both
+        if not eligible or not (among_both or self.pool.disaggregates(request.model)):
             return PdPlan()
         if retry:
             return PdPlan(PdOutcome(PdChoice.LOCAL_RETRY))
-        leg_request = dataclasses.replace(request, max_tokens=1)
         candidates = [
             backend
             for backend in self.pool.prefill_usable(request.model)
             if backend is not decode and backend.has_room and backend.serves_adapter(request.adapter)
         ]
-        leg = place(self.router, leg_request, candidates, self.block_size, may_hold=False)
-        if leg is None:
-            return PdPlan(PdOutcome(PdChoice.LOCAL_NO_PREFILL_REPLICA))
-        prefill, ticket = leg.backend, leg.ticket
-        config = self.router.config
-        verdict = decide_disaggregation(
+        leg, verdict = place_prefill_leg(
+            self.router,
             request,
             decode.state(),
             decode_cached,
-            prefill.state(),
-            ticket.decision.predicted_cached_tokens,
-            config,
-            config.disaggregation,
-            prefill_decodes=prefill.spec.role == "both",
+            candidates,
+            self.block_size,
+            lambda backend: backend.spec.role == "both",
         )
+        if leg is None:
+            return PdPlan(PdOutcome(PdChoice.LOCAL_NO_PREFILL_REPLICA))
+        config = self.router.config
         choice = local_choice(verdict, request.prompt_tokens, decode_cached, config.disaggregation.stall_free_tokens)
-        outcome = PdOutcome(choice, prefill.name, str(ticket.decision.reason), estimate=verdict.reason)
+        outcome = PdOutcome(choice, leg.backend.name, estimate=verdict.reason)
         if not verdict.disaggregate:
             return PdPlan(outcome)
         return PdPlan(outcome, leg)

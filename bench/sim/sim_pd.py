@@ -2,8 +2,10 @@
 
 Each replica takes a role: ``prefill``, ``decode`` or ``both``. kvgate's router picks the decode
 replica among those that decode (prefix-aware, weighing their load) and the prefill replica
-among those that prefill, the decode one excepted; a decider then says whether to split. A
-split request runs as the gateway and the bundled connector run it (issue 32):
+among those that prefill, the decode one excepted (for kvgate's decider as the gateway does,
+gateway/routing/pd_leg.py); a decider then says whether to split. A fleet of ``both`` replicas
+splits under kvgate's decider only with ``routing.disaggregation.among_both``, as in the
+gateway. A split request runs as the gateway and the bundled connector run it (issue 32):
 
 1. the prefill replica gets a copy with ``max_tokens`` 1 and prefills it;
 2. the prefill replica pins the prompt's full blocks when the leg ends; the decode replica pulls
@@ -31,7 +33,7 @@ from bench.harness.loadgen import RequestResult
 from bench.sim.sim_replica import SimRequest
 from bench.sim.simulate import SimBackend, SimFleet, VirtualFleet
 from gateway.in_flight import InFlight
-from gateway.routing.pd_decider import decide_disaggregation
+from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import Placement, place
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import RouteTicket
@@ -115,8 +117,7 @@ class PdVirtualFleet(VirtualFleet):
         result: RequestResult,
         finished: Callable[[SimRequest, float], None],
     ) -> None:
-        prefill = self._prefill_choice(decision, route) if self.setup.decider != "never" else None
-        split, why = self._decide(decision, route, prefill)
+        prefill, split, why = self._plan(decision, route)
         if prefill is None or not split or ticket is None:
             self.pd.local += 1
             super()._dispatch(decision, ticket, uncached, kv_blocks, route, prompt, result, finished)
@@ -126,55 +127,58 @@ class PdVirtualFleet(VirtualFleet):
         self._dispatch_split(decision, ticket, kv_blocks, prefill, route, prompt, result, finished)
         result.route_reason = f"{decision.reason} {why} prefill={prefill.backend.replica.name}"
 
-    def _prefill_choice(self, decision: RouteDecision, route: RouteRequest) -> Placement[SimBackend] | None:
-        """The router's pick among the replicas that prefill (the decode one excepted) with room."""
+    def _plan(self, decision: RouteDecision, route: RouteRequest) -> tuple[Placement[SimBackend] | None, bool, str]:
+        """The prefill leg's placement, whether to split, and why: kvgate's decider as the gateway
+        runs it (gateway/routing/pd_leg.py), the others on the router's pick of the leg."""
+        setup = self.setup
+        if setup.decider == "never":
+            return None, False, "pd-never"
         assert self.router is not None
         candidates = [
             backend
             for backend in self.backends
             if self.roles[backend.replica.name] != "decode" and backend.replica.name != decision.backend
         ]
-        return place(self.router, replace(route, max_tokens=1), candidates, self.fleet.block_size, may_hold=False)
+        if setup.decider == "kvgate":
+            if set(setup.roles) == {"both"} and not self.router.config.disaggregation.among_both:
+                return None, False, "pd-off: every replica both"
+            decode = self._by_name[decision.backend].state()
+            if self.roles[decision.backend] == "decode":
+                # As gateway/pd_dispatch.py: a decode-only replica measures only transfer tails' prefill.
+                decode = replace(decode, prefill_tokens_per_s=None)
+            leg, verdict = place_prefill_leg(
+                self.router,
+                route,
+                decode,
+                decision.predicted_cached_tokens,
+                candidates,
+                self.fleet.block_size,
+                lambda backend: self.roles[backend.replica.name] == "both",
+                setup.transfer_s_per_token,
+            )
+            return leg, verdict.disaggregate, verdict.reason
+        leg = place(self.router, replace(route, max_tokens=1), candidates, self.fleet.block_size, may_hold=False)
+        if leg is None:
+            return None, False, "pd-local: no prefill replica"
+        split, why = self._peer_rule(decision, route)
+        return leg, split, why
 
-    def _decide(
-        self, decision: RouteDecision, route: RouteRequest, prefill: Placement[SimBackend] | None
-    ) -> tuple[bool, str]:
+    def _peer_rule(self, decision: RouteDecision, route: RouteRequest) -> tuple[bool, str]:
+        """vLLM's proxies (always), llm-d's threshold and Dynamo's conditional disaggregation."""
         setup = self.setup
-        if setup.decider == "never":
-            return False, "pd-never"
-        if prefill is None:
-            return False, "pd-local: no prefill replica"
         uncached = route.prompt_tokens - decision.predicted_cached_tokens
         if setup.decider == "always":
             return True, "pd-always"
         if setup.decider == "llm-d":
             split = 0 < setup.llmd_non_cached_tokens <= uncached
             return split, f"llm-d {uncached}{'>=' if split else '<'}{setup.llmd_non_cached_tokens}"
-        if setup.decider == "dynamo":
-            queue = sum(
-                len(backend.replica.scheduler.waiting)
-                for backend in self.backends
-                if self.roles[backend.replica.name] == "prefill"
-            )
-            split = uncached > setup.dynamo_max_local_prefill and queue < setup.dynamo_max_prefill_queue
-            return split, f"dynamo {uncached} tokens, prefill queue {queue}"
-        assert self.router is not None
-        decode = self._by_name[decision.backend].state()
-        if self.roles[decision.backend] == "decode":
-            # As gateway/pd_dispatch.py: a decode-only replica measures only transfer tails' prefill.
-            decode = replace(decode, prefill_tokens_per_s=None)
-        choice = decide_disaggregation(
-            route,
-            decode,
-            decision.predicted_cached_tokens,
-            prefill.backend.state(),
-            prefill.ticket.decision.predicted_cached_tokens,
-            self.router.config,
-            self.router.config.disaggregation,
-            setup.transfer_s_per_token,
-            prefill_decodes=self.roles[prefill.backend.replica.name] == "both",
+        queue = sum(
+            len(backend.replica.scheduler.waiting)
+            for backend in self.backends
+            if self.roles[backend.replica.name] == "prefill"
         )
-        return choice.disaggregate, choice.reason
+        split = uncached > setup.dynamo_max_local_prefill and queue < setup.dynamo_max_prefill_queue
+        return split, f"dynamo {uncached} tokens, prefill queue {queue}"
 
     def _dispatch_split(
         self,

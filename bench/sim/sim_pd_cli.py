@@ -102,7 +102,6 @@ def main(argv: list[str]) -> int:
     )
     per_token = transfer_s_per_token(args.preset, args.kv_bandwidth_gb_s)
     chosen = [p for p in policies(args) if not args.only or any(part in p.name for part in args.only.split(","))]
-    contender = Contender("kvgate", "cache_aware", routing=routing)
     print(
         f"# {args.preset}, {args.replicas} replicas x {fleet.num_blocks} blocks, {args.trace} trace, "
         f"{args.max_requests} requests a window, time / {args.time_compression:g}, KV {per_token * 1e6:.2f} us/token; "
@@ -130,7 +129,7 @@ def main(argv: list[str]) -> int:
             for policy in chosen:
                 started = time.perf_counter()
                 setup = PdSetup(split_roles(args.replicas, policy.prefill_replicas), policy.decider, per_token)
-                sim = PdVirtualFleet(contender, fleet, setup, seed)
+                sim = PdVirtualFleet(contender_for(policy, routing), fleet, setup, seed)
                 outcome = sim.run(requests)
                 row = users_row(policy.name, outcome.load, args.ttft_slo, args.itl_slo)
                 window[policy.name] = row.goodput_fraction * 100
@@ -140,6 +139,15 @@ def main(argv: list[str]) -> int:
             print(f"| {start} | {seed} | " + " | ".join(cells) + f" | {_verdict(window)} |", flush=True)
     print("| mean (sd) | | " + " | ".join(_mean_sd(goodputs[p.name]) for p in chosen) + " | |")
     return 0
+
+
+def contender_for(policy: Policy, routing: dict) -> Contender:
+    """kvgate as the gateway would be configured for ``policy``: a conditional fleet of ``both``
+    replicas only disaggregates with ``routing.disaggregation.among_both``."""
+    if policy.decider == "kvgate" and policy.prefill_replicas == 0:
+        disaggregation = {**routing.get("disaggregation", {}), "among_both": True}
+        routing = {**routing, "disaggregation": disaggregation}
+    return Contender("kvgate", "cache_aware", routing=routing)
 
 
 def _verdict(window: dict[str, float]) -> str:

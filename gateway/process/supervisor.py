@@ -55,7 +55,7 @@ def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
             command += ["--kv-events-replay", f"tcp://{engine.host}:{engine.kv_events_replay_port}"]
     if engine.load_events_port:
         command += ["--load-events", f"tcp://{engine.host}:{engine.load_events_port}"]
-    disaggregated = any(other.role != "both" for other in config.engines)
+    disaggregated = config.routing.disaggregation.among_both or any(other.role != "both" for other in config.engines)
     if disaggregated and "--kv-transfer-config" not in engine.args:
         command += ["--kv-transfer-config", KV_CONNECTOR]
     return command + engine.args

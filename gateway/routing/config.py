@@ -25,7 +25,7 @@ class LateBindingConfig(ConfigSection):
 class DisaggregationConfig(ConfigSection):
     """``routing.disaggregation`` (gateway/routing/pd_decider.py): whether a request prefills on a
     prefill replica and decodes on another. It matters only in a fleet with ``role: prefill`` or
-    ``role: decode`` backends."""
+    ``role: decode`` backends, or with ``among_both``."""
 
     mode: Literal["conditional", "always", "never"] = "conditional"
     """conditional: per request, from the TTFT estimator (the decider's docstring); always: every
@@ -46,6 +46,11 @@ class DisaggregationConfig(ConfigSection):
     ``bench simulate-pd`` (Llama-3-8B on H100, 8 replicas, conversation window 0) 1.0 split too
     eagerly and lost to aggregated at trace time / 16 (48 vs 75 % goodput); 0.1 matched or beat it
     at / 8 and / 16 (bench/notes/2026-12-02-pd-simulate.md)."""
+    among_both: bool = False
+    """Disaggregate a model whose replicas are all ``both`` too: each request's prefill may run on
+    another replica, the one where the split costs least (gateway/routing/pd_leg.py), without
+    setting any replica apart for prefill. Every engine needs a KV connector (``kvgate up`` then
+    starts its engines with one). Off: such a model runs as if P/D did not exist."""
     stall_free_tokens: int = Field(256, ge=0)
     """Uncached prompt tokens a prefill can run alongside decodes without stalling them (chunked
     prefill hides a chunk in a decode step): below it, a local prefill costs no one else's ITL, so

@@ -16,6 +16,8 @@ FLEET = SimFleet(replicas=3, num_blocks=512, costs=COSTS)
 TRANSFER_S = 2e-5
 """Seconds per token moved: large enough to see in a timeline, far below a token's prefill."""
 KVGATE = Contender("kvgate", "cache_aware")
+AMONG_BOTH = Contender("kvgate", "cache_aware", routing={"disaggregation": {"among_both": True, "mode": "always"}})
+"""kvgate configured to split every request among replicas that are all ``both``."""
 
 
 def long_prompts(count: int = 12, tokens: int = 1500) -> list[BenchRequest]:
@@ -26,8 +28,10 @@ def long_prompts(count: int = 12, tokens: int = 1500) -> list[BenchRequest]:
     ]
 
 
-def run(decider: str, prefill: int = 1, requests: list[BenchRequest] | None = None) -> PdVirtualFleet:
-    fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, prefill), decider, TRANSFER_S))
+def run(
+    decider: str, prefill: int = 1, requests: list[BenchRequest] | None = None, contender: Contender = KVGATE
+) -> PdVirtualFleet:
+    fleet = PdVirtualFleet(contender, FLEET, PdSetup(split_roles(3, prefill), decider, TRANSFER_S))
     outcome = fleet.run(requests or long_prompts())
     assert all(result.ok for result in outcome.load.results)
     for backend in fleet.backends:
@@ -86,12 +90,21 @@ def test_aggregated_never_splits_and_peers_follow_their_thresholds() -> None:
     assert run("dynamo").pd.split > 0
 
 
+def test_a_fleet_of_both_replicas_splits_only_with_among_both_as_the_gateway_does() -> None:
+    off = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 0), "kvgate", TRANSFER_S))
+    results = off.run(long_prompts()).load.results
+    assert off.pd.split == 0 and off.pd.local == len(results) == len(long_prompts())
+    assert all("pd-off" in (result.route_reason or "") for result in results)
+    assert run("kvgate", prefill=0, contender=AMONG_BOTH).pd.split == len(long_prompts())
+
+
 def test_runs_are_exactly_repeatable() -> None:
     def timings() -> list[tuple[str, float | None, str | None]]:
-        fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 0), "kvgate", TRANSFER_S))
+        fleet = PdVirtualFleet(AMONG_BOTH, FLEET, PdSetup(split_roles(3, 0), "kvgate", TRANSFER_S))
         return [(r.request_id, r.ttft_s, r.route_reason) for r in fleet.run(long_prompts()).load.results]
 
-    assert timings() == timings()
+    first = timings()
+    assert first == timings() and all("prefill=" in (reason or "") for _, _, reason in first)
 
 
 def test_roles_are_checked() -> None:

@@ -58,5 +58,8 @@ def test_engines_with_pd_roles_are_backends_of_those_roles_and_all_get_the_kv_co
     assert engine_command(config, config.engines[1]).count("--kv-transfer-config") == 1, "the engine's own wins"
     aggregated = parse_config({"engines": [{"port": 8101}, {"port": 8102}]}, "up")
     assert all("--kv-transfer-config" not in engine_command(aggregated, e) for e in aggregated.engines)
+    among_both = {"engines": [{"port": 8101}, {"port": 8102}], "routing": {"disaggregation": {"among_both": True}}}
+    split_anywhere = parse_config(among_both, "up")
+    assert all("--kv-transfer-config" in engine_command(split_anywhere, e) for e in split_anywhere.engines)
     with pytest.raises(ConfigError, match="role"):
         parse_config({"engines": [{"port": 8101, "role": "prefil"}]}, "typo")

@@ -147,6 +147,36 @@ async def test_prefill_only_replicas_never_get_a_whole_request_and_decode_only_n
     assert prefill.bodies == [] and len(decode.bodies) == 4
 
 
+async def send_to_replicas_all_both(among_both: bool) -> tuple[dict[str, str], dict[str, list[dict]]]:
+    """One request to two ``both`` replicas that answer prefill legs; its headers and each one's bodies."""
+    first, second = PdReplica(params=PARAMS), PdReplica(params=PARAMS)
+    routing = {"policy": "round_robin", "disaggregation": {"mode": "always", "among_both": among_both}}
+    async with (
+        replicas(first, second) as urls,
+        gateway(gateway_config(urls, routing=routing), None) as client,
+        client.post("/v1/chat/completions", json=chat("a question")) as reply,
+    ):
+        assert reply.status == 200
+        return dict(reply.headers), {"a": first.bodies, "b": second.bodies}
+
+
+async def test_replicas_all_both_run_as_before_without_among_both() -> None:
+    headers, bodies = await send_to_replicas_all_both(among_both=False)
+    assert "pd=" not in headers["x-kvgate-route-reason"] and "x-kvgate-prefill-backend" not in headers
+    [sent] = bodies[headers["x-kvgate-backend"]]
+    assert "kv_transfer_params" not in sent and sum(len(sent) for sent in bodies.values()) == 1
+
+
+async def test_replicas_all_both_disaggregate_with_among_both() -> None:
+    headers, bodies = await send_to_replicas_all_both(among_both=True)
+    prefill, decode = headers["x-kvgate-prefill-backend"], headers["x-kvgate-backend"]
+    assert prefill != decode
+    assert f"pd=disaggregated; prefill={prefill}; decode={decode}" in headers["x-kvgate-route-reason"]
+    [leg], [sent] = bodies[prefill], bodies[decode]
+    assert leg["max_tokens"] == 1 and leg["kv_transfer_params"]["do_remote_decode"] is True
+    assert sent["kv_transfer_params"] == PARAMS
+
+
 async def test_n_above_one_and_embeddings_never_disaggregate() -> None:
     prefill, decode = PdReplica(params=PARAMS), PdReplica()
     async with (

@@ -35,6 +35,8 @@ class Fleet:
     """The gateway with role prefill and role decode backends."""
     aggregated: ManagedProcess
     """A gateway in front of ``single`` alone: the answer to compare with."""
+    among_both: ManagedProcess
+    """A gateway in front of the same two engines as ``both`` replicas, splitting among them."""
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +60,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "backends": [{"name": "single", "url": single.url}],
         "health": health,
     }
-    (tmp_path / "pd").mkdir()
-    (tmp_path / "aggregated").mkdir()
+    among_both_config = {
+        "listen": {"port": free_port()},
+        "model": MODEL,
+        "backends": [{"name": "first", "url": prefill.url}, {"name": "second", "url": decode.url}],
+        "routing": {"disaggregation": {"mode": "always", "among_both": True}},
+        "health": health,
+    }
+    for name in ("pd", "aggregated", "among_both"):
+        (tmp_path / name).mkdir()
     try:
         with (
             gateway_for(tmp_path / "pd", pd_config) as pd,
             gateway_for(tmp_path / "aggregated", aggregated_config) as aggregated,
+            gateway_for(tmp_path / "among_both", among_both_config) as among_both,
         ):
-            yield Fleet(prefill, decode, single, pd, aggregated)
+            yield Fleet(prefill, decode, single, pd, aggregated, among_both)
     finally:
         for engine in engines:
             engine.stop()
@@ -194,6 +204,17 @@ def test_a_client_that_leaves_during_the_prefill_leg_frees_the_gateway_and_both_
             break
         assert time.monotonic() < deadline, (gateway, engines)
         time.sleep(0.1)
+
+
+def test_replicas_all_both_split_among_themselves_and_answer_as_the_aggregated_engine(fleet: Fleet) -> None:
+    messages = document_question()
+    split = ask(fleet.among_both, messages)
+    prefill, decode = split.headers["x-kvgate-prefill-backend"], split.headers["x-kvgate-backend"]
+    assert {prefill, decode} == {"first", "second"}
+    assert f"pd=disaggregated; prefill={prefill}; decode={decode}" in split.headers["x-kvgate-route-reason"]
+    assert content(split) == content(ask(fleet.aggregated, messages))
+    prompt = usage(split)["prompt_tokens"]
+    assert usage(split)["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // BLOCK * BLOCK
 
 
 def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_locally(fleet: Fleet) -> None:

@@ -27,6 +27,25 @@ def state(
     return ReplicaState(name, model, healthy, in_flight, prefill_tokens, **metrics)
 
 
+PD_RATE = 1000.0
+"""Prefill tokens/s the P/D tests' replicas report."""
+
+
+def pd_replica(name: str, running: int = 0, queued: int = 0) -> ReplicaState:
+    """A replica as the P/D decider sees it: running decodes, queued prefill, ``PD_RATE``."""
+    return ReplicaState(
+        name,
+        "m",
+        True,
+        in_flight=running,
+        in_flight_prefill_tokens=queued,
+        num_running=running,
+        num_waiting=0,
+        queued_prefill_tokens=queued,
+        prefill_tokens_per_s=PD_RATE,
+    )
+
+
 def router(
     policy: str = "cache_aware", names: tuple[str, ...] = ("a", "b", "c"), precise: bool = False, **config: object
 ) -> Router:

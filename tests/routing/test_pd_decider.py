@@ -8,29 +8,15 @@ from pydantic import ValidationError
 from gateway.routing.config import DisaggregationConfig, RoutingConfig
 from gateway.routing.pd_decider import decide_disaggregation, transfer_s_per_token
 from gateway.routing.types import ReplicaState, RouteRequest
+from tests.routing.helpers import PD_RATE as RATE
+from tests.routing.helpers import pd_replica as replica
 
-RATE = 1000.0
-"""Prefill tokens/s both replicas report."""
 TRANSFER_S = 1e-5
 """Seconds per token moved: 100x faster than prefilling it, as on any real link."""
 
 
 def request(prompt_tokens: int) -> RouteRequest:
     return RouteRequest("r", "m", [], prompt_tokens, 64)
-
-
-def replica(name: str, running: int = 0, queued: int = 0) -> ReplicaState:
-    return ReplicaState(
-        name,
-        "m",
-        True,
-        in_flight=running,
-        in_flight_prefill_tokens=queued,
-        num_running=running,
-        num_waiting=0,
-        queued_prefill_tokens=queued,
-        prefill_tokens_per_s=RATE,
-    )
 
 
 def decide(
