@@ -42,12 +42,12 @@ def place_prefill_leg(
     config = router.config
     settings = config.disaggregation
 
-    def verdict(slot: SlotT, cached: int) -> PdDecision:
+    def verdict(slot: SlotT, state: ReplicaState, cached: int) -> PdDecision:
         return decide_disaggregation(
             request,
             decode,
             decode_cached,
-            slot.state(),
+            state,
             cached,
             config,
             settings,
@@ -59,16 +59,17 @@ def place_prefill_leg(
         leg = place(router, leg_request, candidates, block_size, may_hold=False)
         if leg is None:
             return None, NO_PREFILL_REPLICA
-        return leg, verdict(leg.backend, leg.decision.predicted_cached_tokens)
-    ticket = router.route(leg_request, [slot.state() for slot in candidates], may_hold=False)
+        return leg, verdict(leg.backend, leg.backend.state(), leg.decision.predicted_cached_tokens)
+    states = [slot.state() for slot in candidates]
+    ticket = router.route(leg_request, states, may_hold=False)
     best: tuple[PdDecision, Placement[SlotT]] | None = None
-    for slot in candidates:
+    for slot, state in zip(candidates, states, strict=True):
         cached = ticket.cached.get(slot.name, 0)
         uncached = request.prompt_tokens - cached
         kv_blocks = blocks_needed(uncached, leg_request.max_tokens, block_size)
-        if not slot.fits(kv_blocks):
+        if not state.healthy or not slot.fits(kv_blocks):
             continue
-        costed = verdict(slot, cached)
+        costed = verdict(slot, state, cached)
         if best is None or costed.split_cost_s < best[0].split_cost_s:
             decision = ticket.decision
             if decision.backend != slot.name:

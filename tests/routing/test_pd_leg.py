@@ -1,6 +1,7 @@
 """Where a prefill leg goes (gateway/routing/pd_leg.py): the router's pick among dedicated prefill
 replicas, the least split cost among replicas that also decode."""
 
+import dataclasses
 from dataclasses import dataclass
 
 from gateway.routing.pd_leg import place_prefill_leg
@@ -85,6 +86,14 @@ def test_a_replica_without_room_for_the_prompt_is_passed_over() -> None:
     routing = router(names=("d", "busy", "quiet"))
     busy, quiet = busy_and_quiet()
     quiet.free_blocks = 10
+    name, _, _ = leg(routing, [busy, quiet], both={"busy", "quiet"})
+    assert name == "busy"
+
+
+def test_an_unhealthy_replica_is_passed_over() -> None:
+    routing = router(names=("d", "busy", "quiet"))
+    busy, quiet = busy_and_quiet()
+    quiet.load = dataclasses.replace(quiet.load, healthy=False)
     name, _, _ = leg(routing, [busy, quiet], both={"busy", "quiet"})
     assert name == "busy"
 
