@@ -8,8 +8,9 @@ hardware priced alike). A candidate that also decodes (``role: both``) pays for 
 of its running decodes, which that ranking does not see: when any candidate decodes, the leg goes
 where the decider's split cost (its TTFT plus the weighted stall) is least. In ``bench
 simulate-pd`` that raised an all-``both`` fleet's goodput on every Llama-3-70B TP4 window (+2.8 to
-+17 points) and left dedicated prefill replicas better with the router's pick
-(bench/notes/2026-12-02-pd-prefill-choice.md).
++17 points), lowered it on 32 lightly loaded Llama-3-8B replicas (-0.6, -0.9: the linear stall
+weight prices stalls that break no one's ITL, and legs pile onto the few quiet replicas), and left
+dedicated prefill replicas better with the router's pick (bench/notes/2026-12-02-pd-prefill-choice.md).
 """
 
 import dataclasses
