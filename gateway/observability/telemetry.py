@@ -41,13 +41,31 @@ class Telemetry:
 
     def observe_completion(self, request: GatewayRequest, dispatched: Dispatched) -> None:
         """A request a backend answered."""
+        self._observe_answer(
+            request,
+            dispatched.decision,
+            dispatched.outcome,
+            dispatched.queued_s,
+            dispatched.charged_tokens,
+            dispatched.pd,
+        )
+
+    def _observe_answer(
+        self,
+        request: GatewayRequest,
+        decision: RouteDecision,
+        outcome: UpstreamOutcome,
+        queued_s: float,
+        charged_tokens: int | None,
+        pd: PdOutcome | None,
+    ) -> None:
         route, target, normalized = request.route, request.target, request.normalized
         assert route is not None and target is not None and normalized is not None, "an answered request was routed"
-        record = _served_record(request, route, dispatched.decision, dispatched.outcome)
-        _add_pd(record, dispatched.pd)
-        record.status = _status(dispatched)
-        record.queued_s = dispatched.queued_s
-        record.charged_tokens = dispatched.charged_tokens
+        record = _served_record(request, route, decision, outcome)
+        _add_pd(record, pd)
+        record.status = _status(outcome)
+        record.queued_s = queued_s
+        record.charged_tokens = charged_tokens
         record.normalized_rules = list(normalized.changed)
         record.trace_id = request.trace_id
         self._price(record)
@@ -62,10 +80,18 @@ class Telemetry:
         record.cost, record.cache_savings = priced.cost, priced.savings
 
     def observe_client_gone(self, request: GatewayRequest) -> None:
-        """A request whose client left before it was answered (its handler was cancelled): with the
-        backend and what it streamed when it got that far, else as a refusal with code ``client_gone``."""
+        """A request whose client left before its handler returned (aiohttp cancelled it): with the
+        backend and what it streamed when it got that far, else as a refusal with code ``client_gone``.
+
+        A client that had the whole answer was served, not gone: SDKs close a stream's connection as
+        soon as they read ``[DONE]``, often before the handler has returned."""
         route = request.route
         progress = request.forwarding.progress if request.forwarding is not None else None
+        if progress is not None and progress.decision and progress.outcome and _relayed_in_full(progress.outcome):
+            self._observe_answer(
+                request, progress.decision, progress.outcome, progress.queued_s, progress.charged_tokens, progress.pd
+            )
+            return
         if route is not None and progress is not None and progress.decision and progress.outcome:
             record = _served_record(request, route, progress.decision, progress.outcome)
             record.queued_s = progress.queued_s
@@ -151,8 +177,12 @@ def _add_pd(record: RequestRecord, pd: PdOutcome | None) -> None:
     record.prefill_prompt_tokens, record.prefill_cached_tokens = pd.prefill_prompt_tokens, pd.prefill_cached_tokens
 
 
-def _status(dispatched: Dispatched) -> str:
-    outcome = dispatched.outcome
+def _relayed_in_full(outcome: UpstreamOutcome) -> bool:
+    """The backend finished the answer and every byte of it was handed to the client's connection."""
+    return outcome.completed and not outcome.client_gone
+
+
+def _status(outcome: UpstreamOutcome) -> str:
     if outcome.client_gone:
         return CLIENT_GONE
     if outcome.status == 200 and not outcome.completed:

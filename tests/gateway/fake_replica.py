@@ -39,6 +39,7 @@ class Behaviour(Enum):
     DROP = "close the connection before answering"
     END_EARLY = "end the stream cleanly after two chunks, without [DONE]"
     BREAK = "break the connection after two chunks, once ``release`` is set"
+    LINGER = "hold the stream open after [DONE] until ``release`` is set"
 
 
 @dataclass
@@ -124,6 +125,8 @@ class FakeReplica:
             usage_chunk = {"id": "fake", "object": "chat.completion.chunk", "choices": [], "usage": self.usage()}
             await response.write(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
+        if self.behaviour is Behaviour.LINGER:
+            await self.release.wait()
         await response.write_eof()
         return response
 
@@ -158,13 +161,14 @@ def gateway_config(urls: list[str], **sections: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def gateway(config: dict[str, Any], config_file: Path | None) -> AsyncIterator[TestClient]:
-    """The real gateway app in process; with ``config_file`` it is started from (and reloads) that file."""
+    """The real gateway app in process, its handlers cancelled when a client leaves as ``kvgate gateway``
+    runs them; with ``config_file`` it is started from (and reloads) that file."""
     if config_file is not None:
         config_file.write_text(yaml.safe_dump(config))
         app = create_app(load_config(config_file), config_file)
     else:
         app = create_app(parse_config(config, "test"))
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with TestClient(TestServer(app, host="127.0.0.1", handler_cancellation=True)) as client:
         yield client
 
 

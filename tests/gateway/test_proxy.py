@@ -1,6 +1,10 @@
 """backends/proxy.py in process: a 5xx before the first byte is retried; a stream that stops
 without [DONE] (cleanly or not) ends with an SSE error event and counts against the replica."""
 
+import asyncio
+from pathlib import Path
+
+import orjson
 import pytest
 
 from tests.gateway.fake_replica import (
@@ -47,3 +51,36 @@ async def test_a_stream_cut_before_done_ends_with_an_error_event(behaviour: Beha
     assert len(events) == 1 and events[0]["error"]["type"] == "upstream_error"
     assert "backend stream ended" in events[0]["error"]["message"]
     assert backend.breaker._failures == 1 and backend.in_flight == 0
+
+
+async def test_a_client_that_hangs_up_once_it_has_done_was_answered(tmp_path: Path) -> None:
+    """SDKs close a stream's connection as soon as they read [DONE], often before the gateway's
+    handler has returned (here the replica holds its stream open after [DONE]); that client was
+    served: the record says 200, not client_gone, and the router settles the ticket as answered."""
+    lingering = FakeReplica(Behaviour.LINGER, cached_tokens=16)
+    log = tmp_path / "requests.log"
+    config = gateway_config([], observability={"request_log_path": str(log)})
+    async with replicas(lingering) as urls:
+        config["backends"] = gateway_config(urls)["backends"]
+        async with gateway(config, None) as client:
+            body = chat(stream=True, stream_options={"include_usage": True})
+            async with client.post("/v1/chat/completions", json=body) as reply:
+                async for line in reply.content:
+                    if line.strip() == b"data: [DONE]":
+                        break
+                reply.close()
+            records = await _request_log_lines(log)
+            calibration = state(client).router.stats().calibration
+            lingering.release.set()
+    [record] = records
+    assert (record["status"], record["cached_tokens"], record["completion_tokens"]) == ("200", 16, 3)
+    assert calibration.count == 1, "the ticket was settled as answered, so the reported hit calibrates"
+
+
+async def _request_log_lines(log: Path) -> list[dict]:
+    """The request log's lines once one is written (records land a loop turn after the handler ends)."""
+    for _ in range(200):
+        if log.exists() and log.read_text().strip():
+            return [orjson.loads(line) for line in log.read_text().splitlines()]
+        await asyncio.sleep(0.01)
+    raise AssertionError("no request was recorded")
