@@ -184,8 +184,7 @@ class Disaggregation:
 
     def plan(self, request: RouteRequest, decode: Backend, decode_cached: int, eligible: bool, retry: bool) -> PdPlan:
         """Decide, synchronously (nothing else routes meanwhile), where the request's prefill runs."""
-        among_both = self.router.config.disaggregation.among_both
-        if not eligible or not (among_both or self.pool.disaggregates(request.model)):
+        if not eligible or not self.pool.disaggregates(request.model, self.router.config.disaggregation):
             return PdPlan()
         if retry:
             return PdPlan(PdOutcome(PdChoice.LOCAL_RETRY))

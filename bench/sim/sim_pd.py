@@ -33,6 +33,7 @@ from bench.harness.loadgen import RequestResult
 from bench.sim.sim_replica import SimRequest
 from bench.sim.simulate import SimBackend, SimFleet, VirtualFleet
 from gateway.in_flight import InFlight
+from gateway.routing.pd_decider import fleet_disaggregates
 from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import Placement, place
 from gateway.routing.retention_keys import retention_hint
@@ -140,7 +141,7 @@ class PdVirtualFleet(VirtualFleet):
             if self.roles[backend.replica.name] != "decode" and backend.replica.name != decision.backend
         ]
         if setup.decider == "kvgate":
-            if set(setup.roles) == {"both"} and not self.router.config.disaggregation.among_both:
+            if not fleet_disaggregates(setup.roles, self.router.config.disaggregation):
                 return None, False, "pd-off: every replica both"
             decode = self._by_name[decision.backend].state()
             if self.roles[decision.backend] == "decode":

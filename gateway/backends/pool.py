@@ -14,6 +14,8 @@ from gateway.backends.load_feed import LoadFeed, read_stats, read_vllm_load
 from gateway.backends.load_view import LoadView, SentRequest
 from gateway.backends.secret_redaction import Redactor, backend_secrets, redactor_for
 from gateway.config import BackendSpec, HealthConfig
+from gateway.routing.config import DisaggregationConfig
+from gateway.routing.pd_decider import fleet_disaggregates
 from gateway.routing.types import ReplicaState
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 
@@ -185,10 +187,10 @@ class BackendPool:
         """The replicas of ``model`` that may take a prefill leg now (role ``prefill`` or ``both``)."""
         return [backend for backend in self.serving(model) if backend.usable and backend.takes_prefill_legs]
 
-    def disaggregates(self, model: str) -> bool:
-        """The model's replicas declare phases (a ``prefill`` or ``decode`` role): its requests may
-        run their prefill on one replica and their decode on another."""
-        return any(backend.spec.role != "both" for backend in self.serving(model))
+    def disaggregates(self, model: str, settings: DisaggregationConfig) -> bool:
+        """The model's requests may run their prefill on one replica and their decode on another
+        (``fleet_disaggregates``)."""
+        return fleet_disaggregates((backend.spec.role for backend in self.serving(model)), settings)
 
     def reported_adapters(self) -> dict[str, str]:
         """LoRA adapters the replicas list in their /v1/models, each with the model it adapts."""

@@ -16,6 +16,7 @@ import aiohttp
 from gateway.config import EngineSpec, KvgateConfig, engine_name
 from gateway.process.server import add_config_flags, add_workers_flag, load_command_config, serve_gateway
 from gateway.process.workers.parent import die_with_parent
+from gateway.routing.pd_decider import fleet_disaggregates
 
 log = logging.getLogger("kvgate.up")
 
@@ -55,7 +56,7 @@ def engine_command(config: KvgateConfig, engine: EngineSpec) -> list[str]:
             command += ["--kv-events-replay", f"tcp://{engine.host}:{engine.kv_events_replay_port}"]
     if engine.load_events_port:
         command += ["--load-events", f"tcp://{engine.host}:{engine.load_events_port}"]
-    disaggregated = config.routing.disaggregation.among_both or any(other.role != "both" for other in config.engines)
+    disaggregated = fleet_disaggregates((other.role for other in config.engines), config.routing.disaggregation)
     if disaggregated and "--kv-transfer-config" not in engine.args:
         command += ["--kv-transfer-config", KV_CONNECTOR]
     return command + engine.args

@@ -22,6 +22,7 @@ the transfer), a long uncached prompt on a decode replica that is decoding split
 the prefill replica or a slow link keeps it local.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.routing.config import DisaggregationConfig
@@ -38,6 +39,12 @@ class PdDecision:
     """Estimated TTFT + weighted decode stall of prefilling on the decode replica (0 when not costed)."""
     split_cost_s: float
     """The same for prefilling on the prefill replica and moving the KV (0 when not costed)."""
+
+
+def fleet_disaggregates(roles: Iterable[str], settings: DisaggregationConfig) -> bool:
+    """A fleet of replicas with these roles may split a request: one declares a phase (``prefill`` or
+    ``decode``), or ``among_both`` lets replicas that are all ``both`` split among themselves."""
+    return settings.among_both or any(role != "both" for role in roles)
 
 
 def transfer_s_per_token(settings: DisaggregationConfig) -> float:

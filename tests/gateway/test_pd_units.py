@@ -11,6 +11,7 @@ from gateway.backends.pool import Backend, BackendPool
 from gateway.backends.prefill_leg import decode_body, prefill_body, read_prefill_answer, refuses_transfer
 from gateway.config import BackendSpec, ConfigError, HealthConfig, parse_config
 from gateway.pd_dispatch import PdChoice, PdOutcome, disaggregable, local_choice
+from gateway.routing.config import DisaggregationConfig
 from gateway.routing.pd_decider import PdDecision
 from gateway.routing.types import RouteDecision, RouteReason
 
@@ -34,8 +35,11 @@ def test_the_pool_keeps_prefill_replicas_from_client_requests_and_decode_replica
     pool = BackendPool([backend("p", "prefill"), backend("d", "decode"), backend("b", "both")], HealthConfig())
     assert [replica.name for replica in pool.usable("m")] == ["d", "b"]
     assert [replica.name for replica in pool.prefill_usable("m")] == ["p", "b"]
-    assert pool.disaggregates("m")
-    assert not BackendPool([backend("x", "both"), backend("y", "both")], HealthConfig()).disaggregates("m")
+    settings = DisaggregationConfig()
+    assert pool.disaggregates("m", settings)
+    all_both = BackendPool([backend("x", "both"), backend("y", "both")], HealthConfig())
+    assert not all_both.disaggregates("m", settings)
+    assert all_both.disaggregates("m", DisaggregationConfig(among_both=True))
 
 
 def test_the_prefill_leg_is_one_unstreamed_token_that_asks_for_a_remote_decode() -> None:
