@@ -6,8 +6,11 @@ times the refusal. A tokenizer cache shared across tenants made the isolated ten
 answer faster: the segment cache (long system prompts), then the word cache of short ASCII text
 (a few hundred words not in the vocabulary, in a system message or a Responses `instructions`).
 The prober's best simple classifier (the faster half are "sent") must do no better than chance:
-at most 65 % right. 80 candidates rather than 40 keep the chance of a false alarm from pure
-noise under 1 % (a hypergeometric tail), on a loaded machine too.
+at most 65 % right. Under pure noise the prober's hits follow a hypergeometric law whatever the
+machine's load (the probe order is shuffled), so the candidate count sets the false-alarm rate:
+80 candidates left it at 0.17 % a variant, 0.5 % a run (it fired once in CI); 200 leave it at
+5e-6 a variant (66 of 100 or more), while a leaking cache (0.1 ms against several ms) is still
+caught near 100 %.
 """
 
 import json
@@ -28,7 +31,7 @@ TENANTS = [
     {"name": "isolated", "api_keys": [ISOLATED], "isolate_cache": True},
     {"name": "prober", "api_keys": [PROBER], "limits": {"max_tokens": 64}},
 ]
-CANDIDATES = 80
+CANDIDATES = 200
 MAX_ACCURACY = 0.65
 WORDS = [
     "alpha",
