@@ -333,9 +333,9 @@ class Dispatcher:
                 backend.breaker.record_failure()
             raise
         finally:
-            ok = outcome is not None and outcome.completed
+            prefilled = outcome is not None and outcome.prefilled
             cached = outcome.usage.cached_tokens if outcome and outcome.usage and plan.params is None else None
-            flight.finish(cached, ok)
+            flight.finish(cached, prefilled)
             self._freed(backend.name)
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()

@@ -84,7 +84,7 @@ async def run(requests: int, warm_up: int, prompt_tokens: int = 2048) -> StageCl
         clock.lap("route")
         gateway.router.on_routed(ticket, backend.name)
         clock.lap("index insert (on_routed)")
-        gateway.router.on_finished(ticket, None, ok=True)
+        gateway.router.on_finished(ticket, None, prefilled=True)
     await gateway.session.close()
     return clock
 

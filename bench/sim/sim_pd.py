@@ -206,7 +206,7 @@ class PdVirtualFleet(VirtualFleet):
             leg_flight.first_token()
 
         def prefill_done(sim_request: SimRequest, now: float) -> None:
-            leg_flight.finish(sim_request.seq.num_cached_tokens, ok=True)
+            leg_flight.finish(sim_request.seq.num_cached_tokens, prefilled=True)
             self._schedule(now, self._pump_admission)
             held = decode.replica.prefix_hit_blocks(prompt)
             moved = max((len(prompt) - 1) // self.fleet.block_size - held, 0)
@@ -224,7 +224,7 @@ class PdVirtualFleet(VirtualFleet):
             self._start_step(replica)
 
         def decode_done(sim_request: SimRequest, now: float) -> None:
-            decode_flight.finish(sim_request.seq.num_cached_tokens, ok=True)
+            decode_flight.finish(sim_request.seq.num_cached_tokens, prefilled=True)
             finished(sim_request, now)
             self._schedule(now, self._pump_admission)
 

@@ -427,7 +427,7 @@ class VirtualFleet:
             self._schedule(now, lambda: self._release_held(name))
 
         def done(sim_request: SimRequest, now: float) -> None:
-            settle.finish(sim_request.seq.num_cached_tokens, ok=True)
+            settle.finish(sim_request.seq.num_cached_tokens, prefilled=True)
             if self.peer is not None:
                 self.peer.finished(route.request_id)
             finished(sim_request, now)
@@ -505,7 +505,7 @@ class Settle(Protocol):
 
     def first_token(self) -> None: ...
 
-    def finish(self, cached_tokens: int | None, ok: bool) -> None: ...
+    def finish(self, cached_tokens: int | None, prefilled: bool) -> None: ...
 
 
 class _Occupied:
@@ -515,5 +515,5 @@ class _Occupied:
         self._occupancy = backend.occupy(prefill_tokens, kv_blocks)
         self.first_token = self._occupancy.__enter__()
 
-    def finish(self, cached_tokens: int | None, ok: bool) -> None:
+    def finish(self, cached_tokens: int | None, prefilled: bool) -> None:
         self._occupancy.__exit__(None, None, None)

@@ -81,6 +81,13 @@ class UpstreamOutcome:
     """A backend's error answer's ``error.code`` (else its ``type``), for the request log."""
 
     @property
+    def prefilled(self) -> bool:
+        """The replica prefilled the prompt (its first token came): it holds the prompt's blocks
+        however the answer ends, a client gone mid-stream included (a replica keeps a cancelled
+        request's blocks in its prefix cache)."""
+        return self.status == 200 and self.first_token_at is not None
+
+    @property
     def generated_at_least(self) -> int:
         """Completion tokens the client got, from the engine's usage when it came, else counted."""
         reported = self.usage.completion_tokens if self.usage else None

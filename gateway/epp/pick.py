@@ -70,7 +70,7 @@ class Pick:
         """The data plane reports the endpoint that served the request: when it is a fallback, the
         blocks predicted on the pick are undone (the ticket is settled as failed there)."""
         if endpoint != address(self.placement.backend):
-            self.core.router.on_finished(self.placement.ticket, None, ok=False)
+            self.core.router.on_finished(self.placement.ticket, None, prefilled=False)
 
     async def settle(self, outcome: UpstreamOutcome) -> None:
         """Give everything back once; ``outcome``: the answer as the response phase read it."""
@@ -81,7 +81,7 @@ class Pick:
         route = self.prepared.route
         try:
             cached = outcome.usage.cached_tokens if outcome.usage else None
-            self.flight.finish(cached, ok=outcome.completed)
+            self.flight.finish(cached, prefilled=outcome.prefilled)
             sent = placement.ticket.sent_to is not None
             self.charge.used = tokens_used(route, outcome, self.charge.taken, prefill_started=sent)
             if outcome.completed:

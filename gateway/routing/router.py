@@ -247,16 +247,17 @@ class Router:
             self._footprints.add(backend, request.session_key, len(request.block_hashes), held, now)
         self.tracker.record_routed(request.block_hashes, backend, ticket.found)
 
-    def on_finished(self, ticket: RouteTicket, reported_cached_tokens: int | None, ok: bool) -> None:
-        """The replica the ticket was sent to has answered (``ok``) or failed: calibrate the
-        prediction, or undo the blocks it was predicted to hold (once per ticket)."""
+    def on_finished(self, ticket: RouteTicket, reported_cached_tokens: int | None, prefilled: bool) -> None:
+        """The request the ticket was sent with has ended, ``prefilled`` on its replica (which then
+        holds its blocks, however the answer ended) or not: calibrate the prediction, or undo the
+        blocks it was predicted to hold (once per ticket)."""
         backend = ticket.sent_to
         if backend is None or ticket.finished:
             return
         ticket.finished = True
         if backend not in self._specs:
             return
-        if not ok:
+        if not prefilled:
             self.tracker.record_failed(ticket.request.block_hashes, backend, ticket.matched_blocks.get(backend, 0))
         elif reported_cached_tokens is not None:
             self.calibration.add(ticket.cached.get(backend, 0), reported_cached_tokens)

@@ -88,9 +88,9 @@ class _Recorded:
         self._fleet.recording.events.append((self._fleet.now, "first_token", self._request_id))
         self._settle.first_token()
 
-    def finish(self, cached_tokens: int | None, ok: bool) -> None:
+    def finish(self, cached_tokens: int | None, prefilled: bool) -> None:
         self._fleet.recording.events.append((self._fleet.now, "finish", (self._request_id, cached_tokens)))
-        self._settle.finish(cached_tokens, ok)
+        self._settle.finish(cached_tokens, prefilled)
 
 
 class Replay:
@@ -140,7 +140,7 @@ class Replay:
     def finish(self, request_id: str, cached_tokens: int | None) -> None:
         """As ``Dispatcher._forward``'s end: settle, then wake the queue and the owner's line."""
         flight, name = self.flights.pop(request_id)
-        flight.finish(cached_tokens, ok=True)
+        flight.finish(cached_tokens, prefilled=True)
         self.dispatcher._freed(name)
 
 

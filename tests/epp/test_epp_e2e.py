@@ -154,6 +154,32 @@ async def test_full_duplex_streamed_request_and_sse_response(picker: Picker, cha
     assert usage["completion_tokens"] > 0
 
 
+async def test_a_stream_cancelled_after_its_first_chunk_leaves_the_prompt_credited_to_its_replica(
+    picker: Picker, channel: grpc.aio.Channel
+) -> None:
+    """Envoy cancels the stream when its client leaves mid-answer; the replica had prefilled the
+    prompt and keeps its blocks, so the picker keeps them too: the next request on that prefix is
+    a prefix hit there."""
+    system = " ".join(f"article {index}: the lease runs {index + 2} years." for index in range(60))
+    body = chat("stream it", max_tokens=6, stream=True, system=system)
+    envoy, answer = await buffered_pick(channel, body)
+    home = endpoints_of(answer)[0]
+    status, content_type, streamed = forward(home, forwarded_body(answer, body))
+    await envoy.send(response_headers(status, content_type, served=home))
+    assert (await envoy.answer()).HasField("response_headers")
+    first_event = streamed[: streamed.index(b"\n\n") + 2]
+    await envoy.send(response_body(first_event, end_of_stream=False))
+    await envoy.answer()
+    envoy.cancel()
+    wait_until(lambda: nothing_held(picker))
+    body = chat("and again", max_tokens=2, system=system)
+    envoy, again = await buffered_pick(channel, body)
+    assert endpoints_of(again)[0] == home
+    _, added = await finish_whole(envoy, home, forwarded_body(again, body))
+    assert added["x-kvgate-route-reason"] == b"prefix-hit"
+    wait_until(lambda: nothing_held(picker))
+
+
 async def test_a_tenant_over_its_cap_gets_429_and_a_cancelled_stream_frees_its_slot(
     picker: Picker, channel: grpc.aio.Channel
 ) -> None:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from tests.gateway.fake_replica import (
+    HOLD,
     Behaviour,
     FakeReplica,
     chat,
@@ -84,3 +85,29 @@ async def _request_log_lines(log: Path) -> list[dict]:
             return [orjson.loads(line) for line in log.read_text().splitlines()]
         await asyncio.sleep(0.01)
     raise AssertionError("no request was recorded")
+
+
+async def test_a_client_that_leaves_mid_stream_leaves_the_prompt_cached_where_it_went() -> None:
+    """A client that hangs up after its first chunk was prefilled on its replica (a replica keeps a
+    cancelled request's prompt blocks): the router keeps them in its index, so the same prompt
+    again goes to that replica with its blocks predicted, rather than being forgotten as a failure."""
+    prompt = f"{HOLD} " + " ".join(f"clause {index} of the contract" for index in range(60))
+    first, second = FakeReplica(), FakeReplica()
+    async with replicas(first, second) as urls, gateway(gateway_config(urls, routing={}), None) as client:
+        async with client.post("/v1/chat/completions", json=chat(prompt, stream=True)) as reply:
+            await reply.content.readline()
+            went_to = reply.headers["x-kvgate-backend"]
+            reply.close()
+        backend = state(client).pool.backends[went_to]
+        for _ in range(200):
+            if backend.in_flight == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert backend.in_flight == 0, "the gateway let go of the request the client left"
+        async with client.post("/v1/chat/completions", json=chat(prompt)) as again:
+            assert again.status == 200
+            headers = again.headers
+        first.release.set()
+        second.release.set()
+    assert headers["x-kvgate-backend"] == went_to
+    assert int(headers["x-kvgate-predicted-cached-tokens"]) > 0

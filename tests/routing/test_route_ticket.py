@@ -31,9 +31,9 @@ def test_a_ticket_finished_twice_calibrates_once() -> None:
     warm(r, "a", prefix=1)
     ticket = r.route(request(1, request_id="x"), IDLE)
     r.on_routed(ticket, ticket.decision.backend)
-    r.on_finished(ticket, 960, ok=True)
-    r.on_finished(ticket, 960, ok=True)
-    r.on_finished(ticket, None, ok=False)
+    r.on_finished(ticket, 960, prefilled=True)
+    r.on_finished(ticket, 960, prefilled=True)
+    r.on_finished(ticket, None, prefilled=False)
     assert r.stats().calibration.count == 1
     assert r.tracker.index.match(ticket.request.block_hashes) == {"a": 64}, "a late failure undoes nothing"
 
@@ -43,13 +43,13 @@ def test_a_ticket_finished_without_being_sent_changes_nothing() -> None:
     warm(r, "a", prefix=1)
     ticket = r.route(request(1, prompt_tokens=2048, request_id="long"), IDLE)
     hashes = ticket.request.block_hashes
-    r.on_finished(ticket, None, ok=False)
-    r.on_finished(ticket, 960, ok=True)
+    r.on_finished(ticket, None, prefilled=False)
+    r.on_finished(ticket, 960, prefilled=True)
     assert r.tracker.index.match(hashes) == {"a": 60}, "the holder's blocks stay"
     assert r.stats().calibration.count == 0
     r.on_routed(ticket, "a")
     assert r.tracker.index.match(hashes) == {"a": 128}
-    r.on_finished(ticket, None, ok=False)
+    r.on_finished(ticket, None, prefilled=False)
     assert r.tracker.index.match(hashes) == {"a": 60}, "sent, then failed: its own blocks are taken back"
 
 
@@ -64,7 +64,7 @@ def test_the_router_keeps_nothing_per_request() -> None:
         if number % 3:
             r.on_routed(ticket, ticket.decision.backend)
         if number % 3 == 2:
-            r.on_finished(ticket, 0, ok=True)
+            r.on_finished(ticket, 0, prefilled=True)
         del ticket
     gc.collect()
     assert [ref for ref in tickets if ref() is not None] == []

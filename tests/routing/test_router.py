@@ -36,7 +36,7 @@ def test_calibration_compares_prediction_with_reported_cached_tokens() -> None:
     for req, reported in ((first, 960), (second, 640)):
         ticket = r.route(req, IDLE)
         r.on_routed(ticket, ticket.decision.backend)
-        r.on_finished(ticket, reported, ok=True)
+        r.on_finished(ticket, reported, prefilled=True)
     assert r.stats().calibration == CalibrationStats(
         count=2, exact_fraction=0.5, mean_abs_error_tokens=160.0, mean_error_tokens=160.0
     )
@@ -49,7 +49,7 @@ def test_a_failed_request_takes_back_only_the_blocks_it_added() -> None:
     ticket = r.route(longer, IDLE)
     r.on_routed(ticket, ticket.decision.backend)
     assert r.tracker.index.match(longer.block_hashes) == {"a": 128}
-    r.on_finished(ticket, None, ok=False)
+    r.on_finished(ticket, None, prefilled=False)
     assert r.tracker.index.match(longer.block_hashes) == {"a": 60}
 
 
