@@ -22,8 +22,10 @@ MODEL = "smollm2-135m"
 BLOCK = 16
 CONNECTOR = '{"kv_role": "kv_both", "kv_connector_extra_config": {"hold_timeout_s": 5}}'
 ENGINE_FLAGS = ("--num-blocks", "512", "--max-model-len", "4096", "--kv-transfer-config", CONNECTOR)
-DOCUMENT = " ".join(f"Clause {index}: the tenant keeps the garden at number {index * 7} tidy." for index in range(80))
-"""About 1,500 tokens: a prompt long enough that the decider moves its prefill."""
+DOCUMENT = " ".join(f"Clause {index}: the tenant keeps the garden at number {index * 7} tidy." for index in range(40))
+"""About 750 tokens: a prompt long enough that the decider moves its prefill (its stall on the decode
+replica's decodes outweighs the transfer past ``stall_free_tokens``, 256), and short enough to prefill
+in a second or two on a CPU: every test here prefills it at least twice."""
 
 
 @dataclass
