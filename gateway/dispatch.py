@@ -326,7 +326,7 @@ class Dispatcher:
                 response, outcome = await forward(call, forwarding.client_request)
             except asyncio.CancelledError:
                 forwarding.progress.prefill_started = True
-                outcome = call.outcome  # as far as it got: a client that left after [DONE] was answered
+                outcome = call.outcome  # as far as it got: a client that left after its first token left it prefilled
                 raise
         except UpstreamFailed as exc:
             if not isinstance(exc, UpstreamAnswered):
