@@ -39,6 +39,9 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """Fraction of KV blocks held by requests (0 to 1)."""
     prefill_tokens_per_s: float | None = None
     """Measured prefill rate (a moving average); None before the first prefill."""
+    started_at: float | None = None
+    """Wall-clock time the replica's process started; None where it does not say. A later value
+    than any seen before is a restarted replica, whose KV cache is empty."""
     pending_prefixes: list[list[bytes]] = []
     """Block hashes (kvgate's, 16 bytes, from the root) of the full prompt blocks of each request
     queued since the previous message: blocks the replica is about to cache. Every gateway holds
@@ -78,6 +81,7 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
             prefix_waits=self.prefix_waits,
             kv_cache_usage=self.kv_cache_usage,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
+            started_at=self.started_at,
             pending_prefixes=self.pending_prefixes,
         )
 

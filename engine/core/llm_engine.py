@@ -118,6 +118,8 @@ class LLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._prefill_rate = PrefillRate()
+        self.started_at = time.time()
+        """When this engine started (its load reports say, so a gateway knows a restart emptied its cache)."""
         self._queued_prefill_tokens = 0
         self._prefix_waits: list[PrefixWait] = []
         self._announced: deque[list[bytes]] = deque()
@@ -307,6 +309,7 @@ class LLMEngine:
             prefix_waits=self._prefix_waits,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
+            started_at=self.started_at,
             pending_prefixes=self._take_announced(),
         )
 
@@ -321,6 +324,7 @@ class LLMEngine:
             prefix_waits=self._prefix_waits,
             kv_cache_usage=block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
+            started_at=self.started_at,
             block_size=block_manager.block_size,
             num_blocks=block_manager.num_blocks,
             free_blocks=block_manager.num_free_blocks,

@@ -23,6 +23,9 @@ VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """vLLM's KV usage gauge: the first name in current releases, the second in older ones."""
+PROCESS_START = "process_start_time_seconds"
+"""prometheus_client's process collector: the server's start time, where its registry has one
+(vLLM with one API server; not in Prometheus multiprocess mode)."""
 
 
 class LoadFeed:
@@ -103,19 +106,20 @@ async def read_vllm_load(
         running=int(samples[VLLM_RUNNING]),
         waiting=int(samples[VLLM_WAITING]),
         kv_cache_usage=usage,
+        started_at=samples.get(PROCESS_START),
     )
 
 
 def _gauges(text: str) -> dict[str, float]:
     """vLLM's load gauges over their label sets (data-parallel ranks, models): request counts
-    summed, KV usage the highest."""
+    summed, KV usage (and the start time) the highest."""
     gauges: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
             if name in (VLLM_RUNNING, VLLM_WAITING):
                 gauges[name] = gauges.get(name, 0.0) + sample.value
-            elif name in VLLM_KV_USAGE:
+            elif name in VLLM_KV_USAGE or name == PROCESS_START:
                 gauges[name] = max(gauges.get(name, 0.0), sample.value)
     return gauges
 

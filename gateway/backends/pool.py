@@ -51,6 +51,10 @@ class Backend:
     reported_adapters: frozenset[str] = frozenset()
     """LoRA adapters its /v1/models lists (vLLM: entries with a `parent`), read when it turns healthy."""
     last_checked: float = 0.0
+    started_at: float | None = None
+    """The latest process start time the replica reported (``ReplicaLoad.started_at``)."""
+    restarts: int = 0
+    """Restarts seen from its start time since this gateway started."""
 
     def serves_adapter(self, adapter: str | None) -> bool:
         return adapter is None or adapter in self.spec.adapters or adapter in self.reported_adapters
@@ -162,6 +166,8 @@ class BackendPool:
         self._started = False
         self.on_pending: Callable[[str, list[list[bytes]]], None] = lambda name, chains: None
         """Takes the prefixes a replica says it is about to cache (its load socket's ``pending_prefixes``)."""
+        self.on_restarted: Callable[[str], None] = lambda name: None
+        """Told the name of a replica that reports a later start time than before: its KV cache is empty."""
 
     @classmethod
     def from_specs(cls, specs: list[tuple[BackendSpec, str]], health: HealthConfig) -> "BackendPool":
@@ -299,9 +305,23 @@ class BackendPool:
         report: ReplicaLoad | None = backend.reported
         if report is None:
             report = await read_vllm_load(session, url, timeout, headers)
+        if report is not None:
+            self._note_start(backend, report.started_at)
         if report is not None and backend.spec.load_events is None:
             backend.load.stale_after_s = self.health.report_stale_after_s
             backend.load.on_report(report)
+
+    def _note_start(self, backend: Backend, started_at: float | None) -> None:
+        """A start time later than any the replica reported before is a restart (however quick:
+        the health checks need not have seen it down). Only a later one: a URL that reaches
+        several processes in turn (a Service in front of pods) reports a restart once, not every check."""
+        if started_at is None:
+            return
+        if backend.started_at is not None and started_at > backend.started_at:
+            log.warning("backend %s restarted: forgetting the prefixes it held", backend.name)
+            backend.restarts += 1
+            self.on_restarted(backend.name)
+        backend.started_at = max(started_at, backend.started_at or started_at)
 
     async def _drop_drained(self) -> None:
         for name in [name for name, backend in self.backends.items() if backend.removed and not backend.in_flight]:

@@ -46,15 +46,19 @@ class LiveStateCollector(Collector):
         kv_reserved = _gauge("kvgate_backend_kv_reserved_blocks", "KV blocks reserved by admitted requests.", "backend")
         healthy = _gauge("kvgate_backend_healthy", "1 when a backend passes its health checks.", "backend")
         circuit = _gauge("kvgate_backend_circuit_state", "1 for the circuit state a backend is in.", "backend", "state")
+        restarts = _counter(
+            "kvgate_backend_restarts", "Restarts a backend reported (a later process start time).", "backend"
+        )
         for backend in list(self.pool.backends.values()):
             in_flight.add_metric([backend.name], backend.in_flight)
             prefill.add_metric([backend.name], backend.in_flight_prefill_tokens)
             kv_reserved.add_metric([backend.name], backend.kv_reserved_blocks)
             healthy.add_metric([backend.name], 1.0 if backend.healthy else 0.0)
+            restarts.add_metric([backend.name], backend.restarts)
             current = backend.breaker.state
             for state in BreakerState:
                 circuit.add_metric([backend.name, state.value], 1.0 if state is current else 0.0)
-        yield from (in_flight, prefill, kv_reserved, healthy, circuit)
+        yield from (in_flight, prefill, kv_reserved, healthy, circuit, restarts)
 
     def _queue(self) -> Iterator[Metric]:
         depth = _gauge("kvgate_queue_depth", "Requests waiting in the admission queue.", "tenant")

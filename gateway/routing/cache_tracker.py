@@ -117,6 +117,13 @@ class CacheTracker:
         else:
             self.index.insert(replica, hashes, self._clock(), found=found)
 
+    def record_restart(self, replica: str) -> None:
+        """The replica restarted, so its KV cache is empty: a predicted replica's blocks are dropped
+        (a precise one's KV-event subscriber sees the publisher restart and does the same from its
+        events; clearing here could drop what the new process has already reported)."""
+        if replica in self._specs and not self.is_precise(replica):
+            self.index.clear(replica)
+
     def record_pending(self, replica: str, chains: list[list[bytes]]) -> None:
         """The replica says it is about to cache these prompts' blocks (kvgate hashes, from the root):
         speculative entries until its KV events confirm them, as if this gateway had routed them there."""

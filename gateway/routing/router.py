@@ -262,6 +262,12 @@ class Router:
         elif reported_cached_tokens is not None:
             self.calibration.add(ticket.cached.get(backend, 0), reported_cached_tokens)
 
+    def on_restarted(self, replica: str) -> None:
+        """The replica restarted with an empty KV cache: forget what it held, and its sessions'
+        footprints there."""
+        self.tracker.record_restart(replica)
+        self._footprints.remove_replica(replica)
+
     def update(self, config: RoutingConfig, replicas: list[ReplicaSpec]) -> None:
         """Hot reload: a new policy or weights, replicas added or removed."""
         if _policy_fields(config) != _policy_fields(self.config):

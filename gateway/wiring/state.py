@@ -144,6 +144,7 @@ class Gateway:
         await self.tenants.limiter.start()
         self.pool.on_change(self.sync_router_capacity)
         self.pool.on_pending = self.router.tracker.record_pending
+        self.pool.on_restarted = self.router.on_restarted
         await self.router.start()
         await self.pool.start(self.session)
         await self.discovery.start()

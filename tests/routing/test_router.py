@@ -75,6 +75,20 @@ def test_stats_report_index_size() -> None:
     assert 64 * 100 < index.approx_bytes < 64 * 300
 
 
+def test_a_restart_empties_a_predicted_replica_and_leaves_a_precise_one_to_its_events() -> None:
+    """A precise replica's KV-event subscriber clears it when the publisher restarts and refills it
+    from the new process's events, which may come before the health check sees the new start
+    time: only predicted replicas are cleared on a restart."""
+    specs = [ReplicaSpec("a", MODEL, None, None), ReplicaSpec("b", MODEL, "tcp://127.0.0.1:1", None)]
+    tracker = CacheTracker(RoutingConfig(), BLOCK, specs)
+    hashes = request(1).block_hashes
+    tracker.record_routed(hashes, "a")
+    tracker.index.insert("b", hashes, now=0.0)
+    tracker.record_restart("a")
+    tracker.record_restart("b")
+    assert tracker.match(hashes) == {"b": 64}
+
+
 def test_precise_mode_speculative_entries_expire() -> None:
     now = [100.0]
     specs = [ReplicaSpec("a", MODEL, "tcp://127.0.0.1:1", None), ReplicaSpec("b", MODEL, "tcp://127.0.0.1:2", None)]

@@ -56,3 +56,39 @@ async def scenario() -> None:
             assert state.kv_usage == 0.5
     finally:
         await runner.cleanup()
+
+
+def test_a_later_process_start_time_is_a_restart_reported_once() -> None:
+    """vLLM exports prometheus_client's ``process_start_time_seconds``: a later value is a restarted
+    replica with an empty cache, however quick the restart; an earlier one (a Service whose pods
+    answer in turn) is not a new restart."""
+    asyncio.run(restart_scenario())
+
+
+async def restart_scenario() -> None:
+    start_times = iter([100.0, 100.0, 250.0, 250.0, 100.0, 250.0])
+
+    async def restarting_metrics(request: web.Request) -> web.Response:
+        started = f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {next(start_times)}\n"
+        return web.Response(text=VLLM_METRICS + started, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", restarting_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    pool = BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
+    restarted: list[str] = []
+    pool.on_restarted = restarted.append
+    try:
+        async with aiohttp.ClientSession() as session:
+            seen = []
+            for _ in range(6):
+                await pool.check_all(session)
+                seen.append(len(restarted))
+        assert seen == [0, 0, 1, 1, 1, 1]
+        assert restarted == ["vllm"] and pool.backends["vllm"].restarts == 1
+    finally:
+        await runner.cleanup()
