@@ -52,6 +52,8 @@ class Pick:
     body: bytes | None
     """The body the replica should get when it differs from the client's, else None."""
     settled: bool = field(default=False)
+    served_elsewhere: str | None = None
+    """The fallback replica the data plane says served the request, when it was not the pick."""
 
     @property
     def response_headers(self) -> dict[str, str]:
@@ -68,9 +70,15 @@ class Pick:
 
     def served_by(self, endpoint: str) -> None:
         """The data plane reports the endpoint that served the request: when it is a fallback, the
-        blocks predicted on the pick are undone (the ticket is settled as failed there)."""
-        if endpoint != address(self.placement.backend):
-            self.core.router.on_finished(self.placement.ticket, None, prefilled=False)
+        blocks predicted on the pick are undone (the ticket is settled as failed there), and the
+        fallback is credited with them once it has prefilled the prompt (``settle``)."""
+        if endpoint == address(self.placement.backend):
+            return
+        self.core.router.on_finished(self.placement.ticket, None, prefilled=False)
+        model = self.placement.backend.model
+        self.served_elsewhere = next(
+            (backend.name for backend in self.core.pool.serving(model) if address(backend) == endpoint), None
+        )
 
     async def settle(self, outcome: UpstreamOutcome) -> None:
         """Give everything back once; ``outcome``: the answer as the response phase read it."""
@@ -82,6 +90,8 @@ class Pick:
         try:
             cached = outcome.usage.cached_tokens if outcome.usage else None
             self.flight.finish(cached, prefilled=outcome.prefilled)
+            if self.served_elsewhere is not None and outcome.prefilled:
+                core.router.on_served_elsewhere(placement.ticket, self.served_elsewhere)
             sent = placement.ticket.sent_to is not None
             self.charge.used = tokens_used(route, outcome, self.charge.taken, prefill_started=sent)
             if outcome.completed:

@@ -262,6 +262,12 @@ class Router:
         elif reported_cached_tokens is not None:
             self.calibration.add(ticket.cached.get(backend, 0), reported_cached_tokens)
 
+    def on_served_elsewhere(self, ticket: RouteTicket, backend: str) -> None:
+        """The request was served, prompt prefilled, by ``backend`` rather than where the ticket
+        sent it (the data plane's fallback): its blocks are there now (predicted mode)."""
+        if backend in self._specs:
+            self.tracker.record_routed(ticket.request.block_hashes, backend, None)
+
     def on_restarted(self, replica: str) -> None:
         """The replica restarted with an empty KV cache: forget what it held, and its sessions'
         footprints there."""

@@ -105,7 +105,7 @@ async def test_a_shared_prefix_goes_to_the_replica_that_holds_it(picker: Picker,
     assert picker.metric("kvgate_predicted_cached_tokens_total", tenant="open", backend=name) > 0
 
 
-async def test_a_request_the_fallback_served_is_not_credited_to_the_pick(
+async def test_a_request_the_fallback_served_is_credited_to_the_fallback_not_the_pick(
     picker: Picker, channel: grpc.aio.Channel
 ) -> None:
     system = " ".join(f"clause {index}: keep replies under {index + 3} words." for index in range(60))
@@ -113,10 +113,12 @@ async def test_a_request_the_fallback_served_is_not_credited_to_the_pick(
     envoy, answer = await buffered_pick(channel, body)
     primary, fallback = endpoints_of(answer)
     await finish_whole(envoy, fallback, forwarded_body(answer, body))
+    wait_until(lambda: nothing_held(picker))
     body = chat("second", max_tokens=2, system=system)
     envoy, answer = await buffered_pick(channel, body)
-    _, added = await finish_whole(envoy, endpoints_of(answer)[0], forwarded_body(answer, body))
-    assert added["x-kvgate-route-reason"] == b"no-match", (primary, added)
+    assert endpoints_of(answer)[0] == fallback, "the prompt's blocks are where the fallback computed them"
+    _, added = await finish_whole(envoy, fallback, forwarded_body(answer, body))
+    assert added["x-kvgate-route-reason"] == b"prefix-hit", (primary, added)
     wait_until(lambda: nothing_held(picker))
 
 
