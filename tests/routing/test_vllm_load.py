@@ -1,6 +1,8 @@
 """A vLLM backend's load comes from its Prometheus /metrics at each health check."""
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
@@ -32,20 +34,30 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=VLLM_METRICS, content_type="text/plain")
 
 
+@asynccontextmanager
+async def vllm_pool(
+    metrics_handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[BackendPool]:
+    """A pool with one backend, "vllm", served on loopback by ``metrics_handler`` for /metrics."""
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
+    finally:
+        await runner.cleanup()
+
+
 def test_vllm_metrics_give_the_replicas_total_load() -> None:
     asyncio.run(scenario())
 
 
 async def scenario() -> None:
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    pool = BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
-    try:
+    async with vllm_pool(metrics) as pool:
         async with aiohttp.ClientSession() as session:
             await pool.check_all(session)
         backend = pool.backends["vllm"]
@@ -54,8 +66,6 @@ async def scenario() -> None:
             assert (state.num_running, state.num_waiting) == (5, 5), "4 waiting there, and this gateway's new one"
             assert state.queued_prefill_tokens == 120, "vLLM does not report queued prompt tokens: own ones only"
             assert state.kv_usage == 0.5
-    finally:
-        await runner.cleanup()
 
 
 def test_a_later_process_start_time_is_a_restart_reported_once() -> None:
@@ -72,17 +82,9 @@ async def restart_scenario() -> None:
         started = f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {next(start_times)}\n"
         return web.Response(text=VLLM_METRICS + started, content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", restarting_metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    pool = BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
-    restarted: list[str] = []
-    pool.on_restarted = restarted.append
-    try:
+    async with vllm_pool(restarting_metrics) as pool:
+        restarted: list[str] = []
+        pool.on_restarted = restarted.append
         async with aiohttp.ClientSession() as session:
             seen = []
             for _ in range(6):
@@ -90,5 +92,3 @@ async def restart_scenario() -> None:
                 seen.append(len(restarted))
         assert seen == [0, 0, 1, 1, 1, 1]
         assert restarted == ["vllm"] and pool.backends["vllm"].restarts == 1
-    finally:
-        await runner.cleanup()
