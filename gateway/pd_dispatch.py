@@ -201,6 +201,7 @@ class Disaggregation:
             candidates,
             self.block_size,
             lambda backend: backend.spec.role == "both",
+            decode_prefills=decode.spec.role == "both",
         )
         if leg is None:
             return PdPlan(PdOutcome(PdChoice.LOCAL_NO_PREFILL_REPLICA))

@@ -20,6 +20,18 @@ class PrefixWait(msgspec.Struct, frozen=True, array_like=True):
     """How many prompts wait for it."""
 
 
+class DecodeProgress(msgspec.Struct, frozen=True, array_like=True):
+    """How far one running request's decode has come: what a router needs to tell whether a stall
+    of so many seconds pushes its mean inter-token latency past a target (gateway/routing/decode_slack.py)."""
+
+    tokens: int
+    """Output tokens so far (at least 1: the first token has come)."""
+    decode_s: float
+    """Seconds from its first token to its latest."""
+    tokens_left: int
+    """At most this many more: ``max_tokens`` or the context left, whichever ends it first."""
+
+
 class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """The work a replica has now, counted over every gateway that sends it requests."""
 
@@ -47,6 +59,9 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     queued since the previous message: blocks the replica is about to cache. Every gateway holds
     them as soon to be cached there, so gateways that route the same new prefix at once agree on
     the replica before its KV events exist. Load socket of the bundled engine only."""
+    decodes: list[DecodeProgress] | None = None
+    """Each running request past its first token with tokens still to come; None where the replica
+    cannot tell (vLLM's metrics have no such thing). Bundled engine only."""
 
 
 class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
@@ -83,6 +98,7 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             started_at=self.started_at,
             pending_prefixes=self.pending_prefixes,
+            decodes=self.decodes,
         )
 
 

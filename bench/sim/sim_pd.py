@@ -156,6 +156,7 @@ class PdVirtualFleet(VirtualFleet):
                 self.fleet.block_size,
                 lambda backend: self.roles[backend.replica.name] == "both",
                 setup.transfer_s_per_token,
+                decode_prefills=self.roles[decision.backend] == "both",
             )
             return leg, verdict.disaggregate, verdict.reason
         leg = place(self.router, replace(route, max_tokens=1), candidates, self.fleet.block_size, may_hold=False)

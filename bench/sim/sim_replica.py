@@ -4,19 +4,22 @@ with each step taking the time the sim cost model says instead of sleeping it.
 It mirrors ``engine/core/llm_engine.py``'s loop: requests that arrive during a step join the next
 one; after every step the block manager's KV events are handed on (to the router's index, as
 the gateway's subscriber would) and each sampled token is timed. What the gateway's health
-checks read from ``/stats`` (running, waiting, measured prefill rate) is ``report()``.
+checks read from ``/stats`` (running, waiting, measured prefill rate) is ``report()``, with
+``decodes()``.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.core.block_manager import BlockManager
+from engine.core.decode_progress import decode_progress
 from engine.core.prefill_rate import PrefillRate
 from engine.core.scheduler import ScheduledStep, Scheduler
 from engine.core.sequence import Sequence
 from engine.core.session_retention import SessionRetention
 from engine.model.runner_api import SamplingParams
 from engine.sim.sim_runner import SimCosts
+from protocol.replica_stats import DecodeProgress
 from radix.kv_event_format import KVEvent
 
 WORD_TOKENS = 50
@@ -168,6 +171,16 @@ class SimReplica:
             "waiting": len(self.scheduler.waiting),
             "prefill_tokens_per_s": self._prefill_rate.tokens_per_s or 0.0,
         }
+
+    def decodes(self) -> list[DecodeProgress]:
+        """Each running decode's progress, as the engine's load report gives it (``ReplicaLoad.decodes``)."""
+        progress = (
+            decode_progress(
+                request.seq, request.first_token_s, request.token_times_s[-1] if request.token_times_s else None
+            )
+            for request in self._requests.values()
+        )
+        return [decode for decode in progress if decode is not None]
 
     def _advance(self, request: SimRequest, now: float) -> None:
         seq = request.seq

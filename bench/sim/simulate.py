@@ -130,6 +130,7 @@ class SimBackend(Backend):
             queued_prefill_tokens=scheduler.queued_prefill_tokens(),
             prefix_waits=scheduler.prefix_waits(),
             prefill_tokens_per_s=self.replica.report()["prefill_tokens_per_s"] or None,
+            decodes=tuple(self.replica.decodes()),
         )
 
     def refresh(self, now: float, health: HealthConfig) -> None:
@@ -144,6 +145,7 @@ class SimBackend(Backend):
                 running=int(report["running"]),
                 waiting=int(report["waiting"]),
                 prefill_tokens_per_s=float(report["prefill_tokens_per_s"]) or None,
+                decodes=self.replica.decodes(),
             )
         )
 

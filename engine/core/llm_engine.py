@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from engine.core.block_manager import BlockManager
+from engine.core.decode_progress import decode_progress
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.kv_events import KVEventPublisher, Snapshot
 from engine.core.kv_transfer_blocks import BlockIO
@@ -32,7 +33,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.model.lora_modules import LoRARef
 from engine.model.runner_api import ModelRunner, SamplingParams, TokenLogprobs
-from protocol.replica_stats import PrefixWait, ReplicaLoad, ReplicaStats
+from protocol.replica_stats import DecodeProgress, PrefixWait, ReplicaLoad, ReplicaStats
 from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent
 
@@ -311,6 +312,7 @@ class LLMEngine:
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             started_at=self.started_at,
             pending_prefixes=self._take_announced(),
+            decodes=self._decodes(),
         )
 
     def stats(self) -> ReplicaStats:
@@ -325,6 +327,7 @@ class LLMEngine:
             kv_cache_usage=block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
             started_at=self.started_at,
+            decodes=self._decodes(),
             block_size=block_manager.block_size,
             num_blocks=block_manager.num_blocks,
             free_blocks=block_manager.num_free_blocks,
@@ -339,6 +342,12 @@ class LLMEngine:
             host_hit_blocks=block_manager.num_host_hit_blocks,
             retained_free_blocks=block_manager.num_retained_free_blocks,
         )
+
+    def _decodes(self) -> list[DecodeProgress]:
+        """Each running decode's progress; ``list`` copies the requests in one step under the GIL."""
+        requests = list(self._requests.values())
+        progress = (decode_progress(r.seq, r.first_token_time, r.last_token_time) for r in requests)
+        return [decode for decode in progress if decode is not None]
 
     def _run(self) -> None:
         stalled = False

@@ -87,6 +87,12 @@ class Sequence:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
+    def num_tokens_left(self) -> int:
+        """Output tokens it may still sample before ``max_tokens`` or the context ends it."""
+        left = min(self.sampling.max_tokens - self.num_output_tokens, self.max_total_tokens - len(self.token_ids))
+        return max(left, 0)
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_token_ids) :]
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.replica_stats import ReplicaLoad
+from protocol.replica_stats import DecodeProgress, ReplicaLoad
 
 COVER_GRACE_S = 0.02
 """A request sent less than this before a report arrived may not have reached the replica's
@@ -42,6 +42,8 @@ class LoadNow:
     prefix_waits: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Of the report's queued prefill, the prompts held behind each prefix block being computed, by
     kvgate hash: (their tokens, how many) (``ReplicaLoad.prefix_waits``)."""
+    decodes: tuple[DecodeProgress, ...] | None = None
+    """The report's running decodes (``ReplicaLoad.decodes``); None without a fresh report that has them."""
 
 
 class LoadView:
@@ -51,6 +53,7 @@ class LoadView:
         self.stale_after_s = stale_after_s
         self.report: ReplicaLoad | None = None
         self._prefix_waits: dict[int, tuple[int, int]] = {}
+        self._decodes: tuple[DecodeProgress, ...] | None = None
         self.report_received_at = 0.0
         self._clock = clock
         self._sent: set[SentRequest] = set()
@@ -69,6 +72,7 @@ class LoadView:
         self._prefix_waits = {
             int.from_bytes(wait.block_hash, "big"): (wait.tokens, wait.requests) for wait in report.prefix_waits
         }
+        self._decodes = tuple(report.decodes) if report.decodes is not None else None
         cutoff = now - COVER_GRACE_S
         self._uncovered_requests = self._uncovered_prefill = 0
         self._covered_finished = self._covered_prefilled = 0
@@ -132,4 +136,4 @@ class LoadView:
             prefill = self.own_prefill_tokens
         else:
             prefill = max(report.queued_prefill_tokens - self._covered_prefilled, 0) + self._uncovered_prefill
-        return LoadNow(running, waiting, prefill, self._prefix_waits)
+        return LoadNow(running, waiting, prefill, self._prefix_waits, self._decodes)

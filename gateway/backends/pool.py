@@ -125,6 +125,7 @@ class Backend:
             prefix_waits=load.prefix_waits,
             kv_usage=report.kv_cache_usage if report is not None else None,
             prefill_tokens_per_s=report.prefill_tokens_per_s if report is not None else None,
+            decodes=load.decodes,
         )
 
     def occupy(self, prefill_tokens: int, kv_blocks: int) -> "Occupancy":

@@ -2,8 +2,19 @@
 
 Pure arithmetic on the router's own estimator (``RouteContext``: queue wait + uncached tokens /
 prefill rate), shared by the gateway's dispatch and ``bench simulate``. Each way is costed as its
-estimated TTFT plus the stall its prefill puts on decodes (``itl_weight`` x the decodes it stalls
-x the prefill's seconds beyond ``stall_free_tokens``):
+estimated TTFT plus the stall its prefill puts on decodes, the prefill's seconds beyond
+``stall_free_tokens`` times:
+
+- on a replica that serves both phases and reports its decodes (the bundled engine):
+  ``missed_itl_weight`` x the decodes that stall pushes past ``itl_target_s``
+  (gateway/routing/decode_slack.py). Such a replica prefills anyway; what a stall costs there is
+  the decodes it breaks, and a replica whose decodes have room takes it for nothing;
+- otherwise (a ``decode`` replica, or one that does not report its decodes): ``itl_weight`` x the
+  decodes it delays, at least one (the next one sent there). Keeping a decode replica's steps free
+  of prefills is what it is for: pricing its stalls by the decodes they break split too seldom and
+  lost 2-4 points of goodput with dedicated prefill replicas (bench/notes/2026-12-03-pd-decode-slack.md).
+
+The two ways:
 
 - local: the decode replica prefills what it lacks, stalling its own running decodes;
 - split: the prefill replica prefills what *it* lacks, the decode replica pulls the blocks it
@@ -27,6 +38,7 @@ from dataclasses import dataclass
 
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.context import RouteContext, ScoringSettings
+from gateway.routing.decode_slack import decodes_pushed_past
 from gateway.routing.types import ReplicaState, RouteRequest
 
 
@@ -62,13 +74,15 @@ def decide_disaggregation(
     settings: DisaggregationConfig,
     transfer_s: float | None = None,
     prefill_decodes: bool = False,
+    decode_prefills: bool = False,
 ) -> PdDecision:
     """Split ``request`` between ``prefill`` and ``decode``, or prefill it on ``decode``.
 
     ``*_cached_tokens``: the router's predicted cached prompt tokens on each replica.
     ``transfer_s``: seconds per token moved (default ``transfer_s_per_token(settings)``).
     ``prefill_decodes``: the prefill replica also runs decodes (``role: both``), so its prefill
-    stalls them as a local one would stall the decode replica's.
+    stalls them as a local one would stall the decode replica's. ``decode_prefills``: the decode
+    replica serves both phases (``role: both``).
     """
     if prefill is None or prefill.name == decode.name or not prefill.healthy:
         return PdDecision(False, "pd-local: no prefill replica", 0.0, 0.0)
@@ -84,7 +98,7 @@ def decide_disaggregation(
     decode_rate, prefill_rate = context.prefill_rate(decode), context.prefill_rate(prefill)
 
     local_ttft = context.queue_wait_s(decode) + local_uncached / decode_rate
-    local_cost = local_ttft + settings.itl_weight * _stall_s(decode, local_uncached, decode_rate, settings)
+    local_cost = local_ttft + _stall_cost_s(decode, local_uncached, decode_rate, settings, decode_prefills)
 
     split_ready = (
         context.queue_wait_s(prefill)
@@ -93,8 +107,8 @@ def decide_disaggregation(
         + settings.split_overhead_s
     )
     split_ttft = split_ready + context.queue_wait_s(decode)
-    split_stall = _stall_s(prefill, split_uncached, prefill_rate, settings) if prefill_decodes else 0.0
-    split_cost = split_ttft + settings.itl_weight * split_stall
+    split_stall = _stall_cost_s(prefill, split_uncached, prefill_rate, settings, True) if prefill_decodes else 0.0
+    split_cost = split_ttft + split_stall
 
     if split_cost < local_cost:
         return PdDecision(True, f"pd-split: est {split_cost:.2f}s vs local {local_cost:.2f}s", local_cost, split_cost)
@@ -103,9 +117,15 @@ def decide_disaggregation(
     return PdDecision(False, reason, local_cost, split_cost)
 
 
-def _stall_s(replica: ReplicaState, uncached: int, rate: float, settings: DisaggregationConfig) -> float:
-    """Decode-seconds a prefill of ``uncached`` tokens on ``replica`` holds up: each decode running
-    there, and at least the next one sent there while it runs, waits out the part of the prefill
-    a decode step cannot hide."""
+def _stall_cost_s(
+    replica: ReplicaState, uncached: int, rate: float, settings: DisaggregationConfig, serves_both: bool
+) -> float:
+    """Seconds of TTFT that a prefill of ``uncached`` tokens on ``replica`` is worth in stalled
+    decodes: they wait out the part of it a decode step cannot hide. Priced by the decodes it pushes
+    past ``itl_target_s`` where ``replica`` serves both phases and reports them; otherwise by each
+    decode running there, and at least the next one sent there while it runs."""
+    stall = max(uncached - settings.stall_free_tokens, 0) / rate
+    if serves_both and replica.decodes is not None:
+        return settings.missed_itl_weight * decodes_pushed_past(replica.decodes, stall, settings.itl_target_s) * stall
     decodes = replica.num_running if replica.num_running is not None else replica.in_flight
-    return max(decodes, 1) * max(uncached - settings.stall_free_tokens, 0) / rate
+    return settings.itl_weight * max(decodes, 1) * stall

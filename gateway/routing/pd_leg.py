@@ -11,6 +11,9 @@ simulate-pd`` that raised an all-``both`` fleet's goodput on every Llama-3-70B T
 +17 points), lowered it on 32 lightly loaded Llama-3-8B replicas (-0.6, -0.9: the linear stall
 weight prices stalls that break no one's ITL, and legs pile onto the few quiet replicas), and left
 dedicated prefill replicas better with the router's pick (bench/notes/2026-12-02-pd-prefill-choice.md).
+Pricing a ``both`` replica's stall by the decodes it pushes past the ITL target (the decider's
+docstring) took the 32-replica loss from -0.8 / -1.1 to -0.2 / -0.4
+(bench/notes/2026-12-03-pd-decode-slack.md).
 """
 
 import dataclasses
@@ -34,11 +37,13 @@ def place_prefill_leg(
     block_size: int,
     decodes_there: Callable[[SlotT], bool],
     transfer_s: float | None = None,
+    decode_prefills: bool = False,
 ) -> tuple[Placement[SlotT] | None, PdDecision]:
     """The prefill leg's placement among ``candidates`` (None: none has room) and the decider's
     verdict for it. ``decode_cached``: the router's predicted cached prompt tokens on the decode
     replica; ``decodes_there(slot)``: the candidate also runs decodes (``role: both``);
-    ``transfer_s``: seconds per token moved (default: the settings' bytes over bandwidth)."""
+    ``transfer_s``: seconds per token moved (default: the settings' bytes over bandwidth);
+    ``decode_prefills``: the decode replica serves both phases (``role: both``)."""
     leg_request = dataclasses.replace(request, max_tokens=1)
     config = router.config
     settings = config.disaggregation
@@ -54,6 +59,7 @@ def place_prefill_leg(
             settings,
             transfer_s,
             prefill_decodes=decodes_there(slot),
+            decode_prefills=decode_prefills,
         )
 
     if settings.mode != "conditional" or not any(decodes_there(slot) for slot in candidates):

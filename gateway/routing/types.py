@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from protocol.replica_stats import DecodeProgress
+
 CACHE_KEY_SUFFIX = "+cache-key"
 """Marks the route reason of a request whose session is its ``prompt_cache_key``."""
 
@@ -78,6 +80,9 @@ class ReplicaState:
     hash: (their tokens, how many). A request that shares none of those blocks is admitted ahead of them."""
     kv_usage: float | None = None
     prefill_tokens_per_s: float | None = None
+    decodes: tuple[DecodeProgress, ...] | None = None
+    """Each running decode's progress, from the replica's latest fresh report; None where it does
+    not report them (vLLM) or no fresh report has come (gateway/routing/decode_slack.py)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The engine's side of a fleet of gateways, on a real simulated engine: the first streamed chat
-chunk carries the first token, the load socket reports queued work, and the replay socket
+chunk carries the first token, the load socket reports queued work and running decodes, and the replay socket
 answers with buffered batches or, once its buffer is outrun, a snapshot of the whole cache."""
 
 import asyncio
@@ -155,6 +155,29 @@ def test_load_socket_reports_prompts_held_behind_a_prefix_being_computed(
         "what routing reads, by the gateway's hash"
     )
     assert not wait_for_load(load_socket, lambda load: load.running == 0).prefix_waits
+
+
+def test_load_socket_and_stats_report_each_running_decodes_progress(
+    engine: ManagedProcess, load_socket: zmq.Socket
+) -> None:
+    """A 400-token completion, mid-decode: its tokens so far, their decode time and the tokens it may
+    still make, on the load socket and at /stats; the gateway's routing reads them; gone once it ends."""
+    wait_for_load(load_socket, lambda load: load.running == 0 and load.waiting == 0)
+    body = {"model": MODEL, "prompt": prompt(70, 40), "max_tokens": 400, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        sent = pool.submit(post_json, f"{engine.url}/v1/completions", body)
+        mid = wait_for_load(load_socket, lambda load: bool(load.decodes) and load.decodes[0].tokens >= 20)
+        (decode,) = mid.decodes or []
+        assert decode.tokens + decode.tokens_left == 400
+        assert 0 < decode.decode_s < time.monotonic() - started
+        stats = decode_stats(get_bytes(f"{engine.url}/stats"))
+        assert stats.decodes and stats.decodes[0].tokens >= decode.tokens
+        assert sent.result()["usage"]["completion_tokens"] == 400
+    backend = BackendPool.from_specs([(BackendSpec(name="e", url=engine.url), MODEL)], HealthConfig()).backends["e"]
+    backend.load.on_report(mid)
+    assert backend.state().decodes == (decode,), "what the P/D decider reads"
+    assert wait_for_load(load_socket, lambda load: load.running == 0).decodes == []
 
 
 def test_replay_sends_buffered_batches_then_a_snapshot_once_outrun(

@@ -1,7 +1,8 @@
 """The engine's load report and /stats round-trip through their wire forms with every field,
-``prefix_waits`` included (its 16-byte hashes travel as msgpack bytes and as base64 in JSON)."""
+``prefix_waits`` (its 16-byte hashes travel as msgpack bytes and as base64 in JSON) and ``decodes`` included."""
 
 from protocol.replica_stats import (
+    DecodeProgress,
     PrefixWait,
     ReplicaStats,
     decode_load,
@@ -18,6 +19,7 @@ STATS = ReplicaStats(
     prefix_waits=[PrefixWait(bytes(range(16)), 6_000, 3)],
     kv_cache_usage=0.25,
     prefill_tokens_per_s=1_000.0,
+    decodes=[DecodeProgress(40, 1.25, 216)],
     block_size=16,
     num_blocks=400,
     free_blocks=300,
@@ -37,3 +39,4 @@ def test_the_load_socket_carries_the_load_part_of_the_stats() -> None:
     load = decode_load(encode_load(STATS.load()))
     assert load == STATS.load()
     assert load.prefix_waits == [PrefixWait(bytes(range(16)), 6_000, 3)]
+    assert load.decodes == [DecodeProgress(40, 1.25, 216)]

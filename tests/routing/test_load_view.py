@@ -1,7 +1,7 @@
 """A replica's load as one gateway sees it: its report plus this gateway's requests, each counted once."""
 
 from gateway.backends.load_view import COVER_GRACE_S, LoadNow, LoadView
-from protocol.replica_stats import PrefixWait, ReplicaLoad, decode_load, encode_load
+from protocol.replica_stats import DecodeProgress, PrefixWait, ReplicaLoad, decode_load, encode_load
 from radix.hashing import hash_to_bytes
 
 
@@ -98,3 +98,15 @@ def test_prompts_held_behind_a_prefix_come_from_a_fresh_report_only() -> None:
     assert view.now() == LoadNow(1, 2, 3_000, {7 << 100: (2_600, 2)})
     clock.now += 2.0
     assert view.now().prefix_waits == {}
+
+
+def test_running_decodes_come_from_a_fresh_report_only_and_none_where_the_replica_gives_none() -> None:
+    clock = Clock()
+    view = LoadView(1.0, clock)
+    decodes = [DecodeProgress(12, 0.33, 100), DecodeProgress(1, 0.0, 7)]
+    view.on_report(decode_load(encode_load(ReplicaLoad(ts=0.0, running=2, waiting=0, decodes=decodes))))
+    assert view.now().decodes == tuple(decodes)
+    clock.now += 2.0
+    assert view.now().decodes is None
+    view.on_report(report(2, 0, None))
+    assert view.now().decodes is None

@@ -1,5 +1,7 @@
 """The P/D decider (gateway/routing/pd_decider.py): split a request or prefill it where it decodes."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -8,6 +10,7 @@ from pydantic import ValidationError
 from gateway.routing.config import DisaggregationConfig, RoutingConfig
 from gateway.routing.pd_decider import decide_disaggregation, transfer_s_per_token
 from gateway.routing.types import ReplicaState, RouteRequest
+from protocol.replica_stats import DecodeProgress
 from tests.routing.helpers import PD_RATE as RATE
 from tests.routing.helpers import pd_replica as replica
 
@@ -148,3 +151,45 @@ def test_property_monotonic_in_uncached_tokens(
     prefill_cached = min(prefill_cached, prompt)
     if decide(prompt, decode, cached, prefill, prefill_cached)[0]:
         assert decide(prompt, decode, fewer_cached, prefill, prefill_cached)[0]
+
+
+ROOMY = DecodeProgress(200, 2.0, 500)
+"""10 ms a token for 200 tokens: seconds of slack under a 50 ms mean ITL."""
+TIGHT = DecodeProgress(20, 0.9, 500)
+"""47 ms a token: a tenth of a second of slack."""
+
+
+def with_decodes(name: str, decodes: list[DecodeProgress]) -> ReplicaState:
+    return dataclasses.replace(replica(name, running=len(decodes)), decodes=tuple(decodes))
+
+
+def decide_both(decode: ReplicaState, prefill: ReplicaState, decode_prefills: bool = True) -> tuple[bool, str]:
+    """A 4,000-token uncached prompt between two replicas that both decode."""
+    config = RoutingConfig()
+    choice = decide_disaggregation(
+        request(4000), decode, 0, prefill, 0, config, config.disaggregation, TRANSFER_S, True, decode_prefills
+    )
+    return choice.disaggregate, choice.reason
+
+
+def test_a_replica_serving_both_whose_decodes_have_room_prefills_locally() -> None:
+    """Its 8 decodes absorb the 3.7 s stall within 50 ms a token: the split would only add the transfer."""
+    split, reason = decide_both(with_decodes("d", [ROOMY] * 8), with_decodes("p", []))
+    assert not split and reason.startswith("pd-local")
+
+
+def test_a_replica_serving_both_whose_decodes_a_stall_would_break_splits() -> None:
+    split, reason = decide_both(with_decodes("d", [TIGHT] * 8), with_decodes("p", [ROOMY] * 8))
+    assert split and reason.startswith("pd-split")
+
+
+def test_a_decode_replica_prices_every_decode_it_delays_whatever_their_room() -> None:
+    """Keeping a ``decode`` replica's steps free of prefills is what it is for."""
+    split, _ = decide_both(with_decodes("d", [ROOMY] * 8), with_decodes("p", []), decode_prefills=False)
+    assert split
+
+
+def test_without_reported_decodes_a_replica_serving_both_prices_every_decode() -> None:
+    """vLLM reports no decodes: the per-decode price, as before."""
+    split, _ = decide_both(replica("d", running=8), replica("p"))
+    assert split

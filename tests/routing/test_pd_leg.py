@@ -8,6 +8,7 @@ from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import place
 from gateway.routing.router import Router
 from gateway.routing.types import ReplicaState, RouteRequest
+from protocol.replica_stats import DecodeProgress
 from tests.routing.helpers import pd_replica as replica
 from tests.routing.helpers import request, router, warm
 
@@ -109,3 +110,17 @@ def test_modes_other_than_conditional_take_the_routers_pick() -> None:
     routing = router(names=("d", "busy", "quiet"), disaggregation={"mode": "always"})
     name, split, reason = leg(routing, busy_and_quiet(), both={"busy", "quiet"})
     assert (name, split, reason) == ("busy", True, "pd-always")
+
+
+def test_among_replicas_that_report_their_decodes_the_leg_goes_where_it_breaks_fewest() -> None:
+    """``busy``'s 40 decodes have seconds of room under 50 ms a token; ``quiet``'s 2 have a tenth of
+    a second: priced per decode delayed the leg would go to ``quiet``, priced by decodes broken to ``busy``."""
+    routing = router(names=("d", "busy", "quiet"))
+    busy, quiet = busy_and_quiet()
+    busy.load = dataclasses.replace(busy.load, decodes=(DecodeProgress(200, 2.0, 500),) * 40)
+    quiet.load = dataclasses.replace(quiet.load, decodes=(DecodeProgress(20, 0.9, 500),) * 2)
+    placed, verdict = place_prefill_leg(
+        routing, LONG, DECODE, 0, [busy, quiet], 16, lambda slot: True, TRANSFER_S, decode_prefills=True
+    )
+    assert placed is not None and placed.backend.name == "busy"
+    assert verdict.disaggregate
