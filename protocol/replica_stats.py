@@ -21,11 +21,11 @@ class PrefixWait(msgspec.Struct, frozen=True, array_like=True):
 
 
 class DecodeProgress(msgspec.Struct, frozen=True, array_like=True):
-    """How far one running request's decode has come: what a router needs to tell whether a stall
-    of so many seconds pushes its mean inter-token latency past a target (gateway/routing/decode_slack.py)."""
+    """How far one request's decode has come: what a router needs to tell whether a stall of so
+    many seconds pushes its mean inter-token latency past a target (gateway/routing/decode_slack.py)."""
 
     tokens: int
-    """Output tokens so far (at least 1: the first token has come)."""
+    """Output tokens so far; 0 before its first token (queued, or its prompt being prefilled)."""
     decode_s: float
     """Seconds from its first token to its latest."""
     tokens_left: int
@@ -60,8 +60,8 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     them as soon to be cached there, so gateways that route the same new prefix at once agree on
     the replica before its KV events exist. Load socket of the bundled engine only."""
     decodes: list[DecodeProgress] | None = None
-    """Each running request past its first token with tokens still to come; None where the replica
-    cannot tell (vLLM's metrics have no such thing). Bundled engine only."""
+    """Each request, running or queued, with an inter-token interval still to come; None where the
+    replica cannot tell (vLLM's metrics have no such thing). Bundled engine only."""
 
 
 class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):

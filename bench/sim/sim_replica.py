@@ -173,7 +173,7 @@ class SimReplica:
         }
 
     def decodes(self) -> list[DecodeProgress]:
-        """Each running decode's progress, as the engine's load report gives it (``ReplicaLoad.decodes``)."""
+        """Each request's decode progress, running or queued, as the engine's load report gives it (``ReplicaLoad.decodes``)."""
         progress = (
             decode_progress(
                 request.seq, request.first_token_s, request.token_times_s[-1] if request.token_times_s else None

@@ -344,7 +344,7 @@ class LLMEngine:
         )
 
     def _decodes(self) -> list[DecodeProgress]:
-        """Each running decode's progress; ``list`` copies the requests in one step under the GIL."""
+        """Each request's decode progress, running or queued; ``list`` copies the requests in one step under the GIL."""
         requests = list(self._requests.values())
         progress = (decode_progress(r.seq, r.first_token_time, r.last_token_time) for r in requests)
         return [decode for decode in progress if decode is not None]

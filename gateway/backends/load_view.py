@@ -43,7 +43,7 @@ class LoadNow:
     """Of the report's queued prefill, the prompts held behind each prefix block being computed, by
     kvgate hash: (their tokens, how many) (``ReplicaLoad.prefix_waits``)."""
     decodes: tuple[DecodeProgress, ...] | None = None
-    """The report's running decodes (``ReplicaLoad.decodes``); None without a fresh report that has them."""
+    """The report's decodes (``ReplicaLoad.decodes``); None without a fresh report that has them."""
 
 
 class LoadView:

@@ -57,8 +57,8 @@ class DisaggregationConfig(ConfigSection):
     a warm follow-up or a short prompt prefills where it decodes."""
     itl_target_s: float = Field(0.05, gt=0)
     """Mean inter-token latency a decode should keep. On a replica that serves both phases and
-    reports its running decodes (the bundled engine), a prefill's stall is priced by the decodes it
-    pushes past this (gateway/routing/decode_slack.py), not by every decode it delays."""
+    reports its decodes (the bundled engine), a prefill's stall is priced by the decodes it pushes
+    past this (gateway/routing/decode_slack.py), not by every decode it delays."""
     missed_itl_weight: float = Field(2.0, ge=0)
     """Seconds of TTFT one second of stall is worth for each decode that stall pushes past
     ``itl_target_s``. In ``bench simulate-pd`` (all-``both`` fleets) 1.0, 2.0 and 4.0 did alike

@@ -12,7 +12,7 @@ simulate-pd`` that raised an all-``both`` fleet's goodput on every Llama-3-70B T
 weight prices stalls that break no one's ITL, and legs pile onto the few quiet replicas), and left
 dedicated prefill replicas better with the router's pick (bench/notes/2026-12-02-pd-prefill-choice.md).
 Pricing a ``both`` replica's stall by the decodes it pushes past the ITL target (the decider's
-docstring) took the 32-replica loss from -0.8 / -1.1 to -0.2 / -0.4
+docstring) turned the 32-replica loss (-0.8, -1.1 points) into a tie or better (+0.2, +0.1)
 (bench/notes/2026-12-03-pd-decode-slack.md).
 """
 

@@ -81,7 +81,7 @@ class ReplicaState:
     kv_usage: float | None = None
     prefill_tokens_per_s: float | None = None
     decodes: tuple[DecodeProgress, ...] | None = None
-    """Each running decode's progress, from the replica's latest fresh report; None where it does
+    """Each decode's progress (requests running or queued), from the replica's latest fresh report; None where it does
     not report them (vLLM) or no fresh report has come (gateway/routing/decode_slack.py)."""
 
 

@@ -19,7 +19,7 @@ from engine.core.sequence import Sequence
 from engine.model.runner_api import SamplingParams
 from gateway.backends.pool import BackendPool
 from gateway.config import BackendSpec, HealthConfig
-from protocol.replica_stats import ReplicaLoad, decode_load, decode_stats
+from protocol.replica_stats import DecodeProgress, ReplicaLoad, decode_load, decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import (
     MEDIUM_CPU,
@@ -160,13 +160,16 @@ def test_load_socket_reports_prompts_held_behind_a_prefix_being_computed(
 def test_load_socket_and_stats_report_each_running_decodes_progress(
     engine: ManagedProcess, load_socket: zmq.Socket
 ) -> None:
-    """A 400-token completion, mid-decode: its tokens so far, their decode time and the tokens it may
-    still make, on the load socket and at /stats; the gateway's routing reads them; gone once it ends."""
+    """A 400-token completion of a 600-token prompt: while its prompt is prefilled (0.6 s), no tokens
+    and 400 to come; mid-decode, its tokens so far, their decode time and the tokens it may still
+    make, on the load socket and at /stats; the gateway's routing reads them; gone once it ends."""
     wait_for_load(load_socket, lambda load: load.running == 0 and load.waiting == 0)
-    body = {"model": MODEL, "prompt": prompt(70, 40), "max_tokens": 400, "ignore_eos": True}
+    body = {"model": MODEL, "prompt": prompt(70), "max_tokens": 400, "ignore_eos": True}
     with ThreadPoolExecutor(1) as pool:
         started = time.monotonic()
         sent = pool.submit(post_json, f"{engine.url}/v1/completions", body)
+        prefilling = wait_for_load(load_socket, lambda load: load.running == 1)
+        assert prefilling.decodes == [DecodeProgress(0, 0.0, 400)]
         mid = wait_for_load(load_socket, lambda load: bool(load.decodes) and load.decodes[0].tokens >= 20)
         (decode,) = mid.decodes or []
         assert decode.tokens + decode.tokens_left == 400

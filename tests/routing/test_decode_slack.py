@@ -1,4 +1,4 @@
-"""A running decode's slack against a mean-ITL target, and the decodes a stall pushes past it
+"""A decode's slack against a mean-ITL target, and the decodes a stall pushes past it
 (gateway/routing/decode_slack.py)."""
 
 import pytest
@@ -24,23 +24,32 @@ def test_a_decode_with_only_its_first_token_has_one_target_of_slack() -> None:
     assert slack_s(DecodeProgress(1, 0.0, 300), TARGET_S) == pytest.approx(TARGET_S)
 
 
+def test_a_request_before_its_first_token_is_guessed_to_run_to_its_bound() -> None:
+    """Queued or prefilling: no pace yet; the target times the intervals ``max_tokens`` allows."""
+    assert slack_s(DecodeProgress(0, 0.0, 3), TARGET_S) == pytest.approx(2 * TARGET_S)
+    assert slack_s(DecodeProgress(0, 0.0, 256), TARGET_S) == pytest.approx(255 * TARGET_S)
+
+
 def test_a_stall_counts_the_decodes_it_pushes_past_not_those_already_past_or_with_room() -> None:
     roomy = DecodeProgress(101, 1.0, 500)  # 10 ms a token: 8 s of slack
     tight = DecodeProgress(11, 0.45, 500)  # 45 ms a token: 0.105 s
     fresh = DecodeProgress(1, 0.0, 500)  # 0.05 s
     lost = DecodeProgress(11, 0.6, 500)  # 60 ms a token: past the target already
-    decodes = [roomy, tight, fresh, lost]
+    short_queued = DecodeProgress(0, 0.0, 4)  # capped at 4 tokens: 0.15 s
+    long_queued = DecodeProgress(0, 0.0, 500)  # 24.95 s
+    decodes = [roomy, tight, fresh, lost, short_queued, long_queued]
     assert decodes_pushed_past(decodes, 0.01, TARGET_S) == 0
     assert decodes_pushed_past(decodes, 0.08, TARGET_S) == 1
-    assert decodes_pushed_past(decodes, 0.5, TARGET_S) == 2
-    assert decodes_pushed_past(decodes, 10.0, TARGET_S) == 3
+    assert decodes_pushed_past(decodes, 0.5, TARGET_S) == 3
+    assert decodes_pushed_past(decodes, 10.0, TARGET_S) == 4
+    assert decodes_pushed_past(decodes, 30.0, TARGET_S) == 5
 
 
 @given(
     st.lists(
         st.builds(
             DecodeProgress,
-            st.integers(1, 4000),
+            st.integers(0, 4000),
             st.floats(0, 100, allow_nan=False),
             st.integers(1, 4000),
         ),
