@@ -15,7 +15,7 @@ decode has come (``DecodeProgress``); nobody knows where it will stop, only wher
   with the one- to twenty-token answers a leg's stall broke on Llama-3-8B. Guessing two tokens
   instead (any stall breaks it) cost Llama-3-70B 5 points of goodput; the exact lengths, which the
   simulation's bound is, mended Llama-3-8B without that loss (bench/notes/2026-12-03-pd-decode-slack.md).
-  With a loose ``max_tokens`` such a request is not counted, as before it was reported at all.
+  With a loose ``max_tokens`` such a request has seconds of slack and is not counted.
 
 A decode already past the target costs nothing more: goodput has lost it.
 """
