@@ -335,7 +335,7 @@ class Dispatcher:
         finally:
             prefilled = outcome is not None and outcome.prefilled
             cached = outcome.usage.cached_tokens if outcome and outcome.usage and plan.params is None else None
-            flight.finish(cached, prefilled)
+            flight.finish(cached, prefilled, outcome.completed_output_tokens if outcome else None)
             self._freed(backend.name)
         if outcome.completed or outcome.status != 200:
             backend.breaker.record_success()

@@ -39,12 +39,13 @@ class InFlight:
         """The replica has prefilled the prompt: it is no longer queued work there."""
         self._prefill_done()
 
-    def finish(self, cached_tokens: int | None, prefilled: bool) -> None:
+    def finish(self, cached_tokens: int | None, prefilled: bool, completed_output_tokens: int | None = None) -> None:
         """The request ended, ``prefilled`` on its replica (with the replica's ``cached_tokens`` when
-        it reported them) or not; a second call does nothing."""
+        it reported them) or not, and ``completed_output_tokens`` long when the replica finished the
+        answer; a second call does nothing."""
         if self._finished:
             return
         self._finished = True
         self._occupancy.__exit__(None, None, None)
         self.sent()
-        self._router.on_finished(self._ticket, cached_tokens, prefilled=prefilled)
+        self._router.on_finished(self._ticket, cached_tokens, prefilled, completed_output_tokens)

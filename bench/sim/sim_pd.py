@@ -221,11 +221,14 @@ class PdVirtualFleet(VirtualFleet):
             source.replica.unpin(pinned)
             session = retention_hint(route, decision) if self.fleet.retention else None
             replica = decode.replica
-            replica.add_pulled(prompt, route.max_tokens, self.now, held, moved, lambda now: None, decode_done, session)
+            stop_after = self.answer_tokens(route.request_id)
+            replica.add_pulled(
+                prompt, route.max_tokens, self.now, held, moved, lambda now: None, decode_done, session, stop_after
+            )
             self._start_step(replica)
 
         def decode_done(sim_request: SimRequest, now: float) -> None:
-            decode_flight.finish(sim_request.seq.num_cached_tokens, prefilled=True)
+            decode_flight.finish(sim_request.seq.num_cached_tokens, True, sim_request.seq.num_output_tokens)
             finished(sim_request, now)
             self._schedule(now, self._pump_admission)
 

@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--peer-split", type=int, default=2, help="prefill replicas of the peers' decider fleets")
     parser.add_argument("--kv-bandwidth-gb-s", type=float, default=25.0, help="KV pull bandwidth per GPU, GB/s")
+    parser.add_argument(
+        "--client-max-tokens",
+        type=int,
+        default=None,
+        help="clients send this max_tokens and answers still end at the trace's length (default: the trace's length)",
+    )
     parser.add_argument("--ttft-slo", type=float, default=2.0)
     parser.add_argument("--itl-slo", type=float, default=0.05, help="mean inter-token latency bound, seconds")
     parser.add_argument(
@@ -98,7 +104,10 @@ def main(argv: list[str]) -> int:
     routing = {key: yaml.safe_load(value) for key, value in pairs(args.routing, "--routing").items()}
     gpu = GPU_PRESETS.get(args.preset)
     fleet = SimFleet(
-        replicas=args.replicas, num_blocks=gpu.kv_blocks(16) if gpu else 8192, costs=preset_costs(args.preset)
+        replicas=args.replicas,
+        num_blocks=gpu.kv_blocks(16) if gpu else 8192,
+        costs=preset_costs(args.preset),
+        client_max_tokens=args.client_max_tokens,
     )
     per_token = transfer_s_per_token(args.preset, args.kv_bandwidth_gb_s)
     chosen = [p for p in policies(args) if not args.only or any(part in p.name for part in args.only.split(","))]

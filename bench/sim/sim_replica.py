@@ -24,6 +24,8 @@ from radix.kv_event_format import KVEvent
 
 WORD_TOKENS = 50
 """Pseudo output tokens cycle through this many ids (their values never matter to a prompt)."""
+EOS_TOKEN = 999
+"""The id a request with its own answer length (``stop_after``) ends with, as an EOS ends an answer."""
 
 
 @dataclass
@@ -37,6 +39,8 @@ class SimRequest:
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
     hold_prompt_blocks: bool = False
+    stop_after: int | None = None
+    """The answer's own length, where it ends (an EOS) before its ``max_tokens``; None: it runs to them."""
     pinned: list[int] = field(default_factory=list)
     """A prefill leg's full prompt blocks, pinned at its end for the decode side's pull."""
 
@@ -80,11 +84,12 @@ class SimReplica:
         on_finished: Callable[[SimRequest, float], None],
         session: str | None = None,
         hold_prompt_blocks: bool = False,
+        stop_after: int | None = None,
     ) -> None:
         """``session`` is the request's retention hint (``kvgate_session``); ``hold_prompt_blocks``:
         a prefill leg, whose full prompt blocks stay pinned for the decode side's pull after it
-        finishes (``SimRequest.pinned``; ``unpin`` them)."""
-        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, queue=True)
+        finishes (``SimRequest.pinned``; ``unpin`` them); ``stop_after``: ``SimRequest.stop_after``."""
+        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, True, stop_after)
         self._requests[seq.seq_id].hold_prompt_blocks = hold_prompt_blocks
 
     def _add(
@@ -96,11 +101,20 @@ class SimReplica:
         on_finished: Callable[[SimRequest, float], None],
         session: str | None,
         queue: bool,
+        stop_after: int | None,
     ) -> Sequence:
-        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        seq = Sequence(self._next_seq_id, list(prompt), sampling, self.max_model_len, arrival_time=now, session=session)
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=stop_after is None)
+        seq = Sequence(
+            self._next_seq_id,
+            list(prompt),
+            sampling,
+            self.max_model_len,
+            eos_token_id=EOS_TOKEN,
+            arrival_time=now,
+            session=session,
+        )
         self._next_seq_id += 1
-        self._requests[seq.seq_id] = SimRequest(seq, now, on_first_token, on_finished)
+        self._requests[seq.seq_id] = SimRequest(seq, now, on_first_token, on_finished, stop_after=stop_after)
         if queue:
             self.scheduler.add(seq)
         return seq
@@ -120,12 +134,13 @@ class SimReplica:
         on_first_token: Callable[[float], None],
         on_finished: Callable[[SimRequest, float], None],
         session: str | None = None,
+        stop_after: int | None = None,
     ) -> None:
         """The decode side of a split once the pulled blocks ``first .. first + count`` arrive, as
         the bundled connector does it in one engine step: cache them under the prompt's hashes
         (``install_remote``), queue the sequence, drop the install's references; the queued
         sequence then hits them through the normal prefix path."""
-        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, queue=False)
+        seq = self._add(prompt, max_tokens, now, on_first_token, on_finished, session, False, stop_after)
         manager = self.block_manager
         manager.want_prefix(seq)
         taken = manager.install_remote(seq, first, count)
@@ -156,7 +171,8 @@ class SimReplica:
         step, self._step, self.busy_until = self._step, None, None
         assert step is not None
         sampled: list[int | None] = [
-            _word_token(chunk.start_pos + len(chunk.token_ids)) if chunk.sample else None for chunk in step.chunks
+            self._sampled(seq, chunk.start_pos + len(chunk.token_ids)) if chunk.sample else None
+            for seq, chunk in zip(step.seqs, step.chunks, strict=True)
         ]
         self.scheduler.postprocess(step, sampled)
         for seq, token in zip(step.seqs, sampled, strict=True):
@@ -181,6 +197,13 @@ class SimReplica:
             for request in self._requests.values()
         )
         return [decode for decode in progress if decode is not None]
+
+    def _sampled(self, seq: Sequence, position: int) -> int:
+        """The token ``seq`` samples at ``position``: its EOS once its answer is as long as it will be."""
+        stop_after = self._requests[seq.seq_id].stop_after
+        if stop_after is not None and seq.num_output_tokens + 1 >= stop_after:
+            return EOS_TOKEN
+        return _word_token(position)
 
     def _advance(self, request: SimRequest, now: float) -> None:
         seq = request.seq

@@ -92,6 +92,10 @@ class SimFleet:
     """Behind kvgate, requests with a session key carry it as a retention hint, as the gateway sends
     it to bundled engines, which keep active sessions' latest turns (``--session-retain-fraction``);
     follow-ups without one carry the key the router inferred (``RouteDecision.retention_key``)."""
+    client_max_tokens: int | None = None
+    """Clients send this ``max_tokens`` and each answer still ends at its trace length, as an EOS
+    ends it: the gateway and the replicas know only this loose bound of where an answer stops.
+    None: the trace length is the client's ``max_tokens``, which is then exact."""
 
     @property
     def max_model_len(self) -> int:
@@ -162,6 +166,7 @@ class VirtualFleet:
             )
         self.fleet = fleet
         self.now = 0.0
+        self._answer_tokens: dict[str, int] = {}
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._foreground = 0
         """Scheduled events other than the periodic /stats refresh: none left means nothing can move."""
@@ -348,9 +353,14 @@ class VirtualFleet:
         """The request as the gateway's router sees it: its token ids hashed in blocks, its user as its session."""
         prompt = list(request.prompt_ids or [])
         hashes = block_hashes(prompt, self.fleet.block_size, MODEL)
-        return RouteRequest(
-            request.request_id, MODEL, hashes, len(prompt), request.max_tokens, session_key=request.user
-        )
+        max_tokens = self.fleet.client_max_tokens or request.max_tokens
+        if self.fleet.client_max_tokens is not None:
+            self._answer_tokens[request.request_id] = request.max_tokens
+        return RouteRequest(request.request_id, MODEL, hashes, len(prompt), max_tokens, session_key=request.user)
+
+    def answer_tokens(self, request_id: str) -> int | None:
+        """The request's own answer length when it ends before the client's loose ``max_tokens``."""
+        return self._answer_tokens.get(request_id)
 
     def _place(
         self,
@@ -429,7 +439,7 @@ class VirtualFleet:
             self._schedule(now, lambda: self._release_held(name))
 
         def done(sim_request: SimRequest, now: float) -> None:
-            settle.finish(sim_request.seq.num_cached_tokens, prefilled=True)
+            settle.finish(sim_request.seq.num_cached_tokens, True, sim_request.seq.num_output_tokens)
             if self.peer is not None:
                 self.peer.finished(route.request_id)
             finished(sim_request, now)
@@ -437,7 +447,8 @@ class VirtualFleet:
             self._schedule(now, lambda: self._release_held(name))
 
         session = retention_hint(route, decision) if self.router is not None and self.fleet.retention else None
-        backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session)
+        stop_after = self.answer_tokens(route.request_id)
+        backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session, stop_after=stop_after)
         self._start_step(backend.replica)
 
     def _send_to(self, backend: SimBackend, ticket: RouteTicket | None, uncached: int, kv_blocks: int) -> "Settle":
@@ -507,7 +518,9 @@ class Settle(Protocol):
 
     def first_token(self) -> None: ...
 
-    def finish(self, cached_tokens: int | None, prefilled: bool) -> None: ...
+    def finish(
+        self, cached_tokens: int | None, prefilled: bool, completed_output_tokens: int | None = None
+    ) -> None: ...
 
 
 class _Occupied:
@@ -517,5 +530,5 @@ class _Occupied:
         self._occupancy = backend.occupy(prefill_tokens, kv_blocks)
         self.first_token = self._occupancy.__enter__()
 
-    def finish(self, cached_tokens: int | None, prefilled: bool) -> None:
+    def finish(self, cached_tokens: int | None, prefilled: bool, completed_output_tokens: int | None = None) -> None:
         self._occupancy.__exit__(None, None, None)

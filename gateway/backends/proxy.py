@@ -88,6 +88,14 @@ class UpstreamOutcome:
         return self.status == 200 and self.first_token_at is not None
 
     @property
+    def completed_output_tokens(self) -> int | None:
+        """The answer's length, from the engine's usage, when the replica finished it (not an error,
+        not a client gone, not a stream the gateway capped)."""
+        if self.status != 200 or not self.completed or self.capped or self.usage is None:
+            return None
+        return self.usage.completion_tokens
+
+    @property
     def generated_at_least(self) -> int:
         """Completion tokens the client got, from the engine's usage when it came, else counted."""
         reported = self.usage.completion_tokens if self.usage else None

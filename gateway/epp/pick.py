@@ -89,7 +89,7 @@ class Pick:
         route = self.prepared.route
         try:
             cached = outcome.usage.cached_tokens if outcome.usage else None
-            self.flight.finish(cached, prefilled=outcome.prefilled)
+            self.flight.finish(cached, outcome.prefilled, outcome.completed_output_tokens)
             if self.served_elsewhere is not None and outcome.prefilled:
                 core.router.on_served_elsewhere(placement.ticket, self.served_elsewhere)
             sent = placement.ticket.sent_to is not None

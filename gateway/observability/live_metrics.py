@@ -126,6 +126,16 @@ class LiveStateCollector(Collector):
             "Mean |predicted - reported| cached tokens per request.",
             calibration.mean_abs_error_tokens,
         )
+        answers = stats.answer_lengths
+        yield GaugeMetricFamily(
+            "kvgate_answers_known", "Completed answers whose length the P/D decider learns from.", answers.known
+        )
+        if answers.median_share_of_bound is not None:
+            yield GaugeMetricFamily(
+                "kvgate_answer_length_median_share_of_max_tokens",
+                "The median completed answer's length over its max_tokens (1: clients cap answers tightly).",
+                answers.median_share_of_bound,
+            )
 
 
 def _kv_events(streams: dict[str, SubscriberStats]) -> Iterator[Metric]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.context import RouteContext, ScoringSettings
 from gateway.routing.decode_slack import decodes_pushed_past
+from gateway.routing.output_lengths import OutputLengths
 from gateway.routing.types import ReplicaState, RouteRequest
 
 
@@ -75,6 +76,7 @@ def decide_disaggregation(
     transfer_s: float | None = None,
     prefill_decodes: bool = False,
     decode_prefills: bool = False,
+    lengths: OutputLengths | None = None,
 ) -> PdDecision:
     """Split ``request`` between ``prefill`` and ``decode``, or prefill it on ``decode``.
 
@@ -82,7 +84,8 @@ def decide_disaggregation(
     ``transfer_s``: seconds per token moved (default ``transfer_s_per_token(settings)``).
     ``prefill_decodes``: the prefill replica also runs decodes (``role: both``), so its prefill
     stalls them as a local one would stall the decode replica's. ``decode_prefills``: the decode
-    replica serves both phases (``role: both``).
+    replica serves both phases (``role: both``). ``lengths``: completed answers, to tell how soon
+    each decode will stop (``decode_slack.decodes_pushed_past``).
     """
     if prefill is None or prefill.name == decode.name or not prefill.healthy:
         return PdDecision(False, "pd-local: no prefill replica", 0.0, 0.0)
@@ -98,7 +101,7 @@ def decide_disaggregation(
     decode_rate, prefill_rate = context.prefill_rate(decode), context.prefill_rate(prefill)
 
     local_ttft = context.queue_wait_s(decode) + local_uncached / decode_rate
-    local_cost = local_ttft + _stall_cost_s(decode, local_uncached, decode_rate, settings, decode_prefills)
+    local_cost = local_ttft + _stall_cost_s(decode, local_uncached, decode_rate, settings, decode_prefills, lengths)
 
     split_ready = (
         context.queue_wait_s(prefill)
@@ -107,7 +110,9 @@ def decide_disaggregation(
         + settings.split_overhead_s
     )
     split_ttft = split_ready + context.queue_wait_s(decode)
-    split_stall = _stall_cost_s(prefill, split_uncached, prefill_rate, settings, True) if prefill_decodes else 0.0
+    split_stall = (
+        _stall_cost_s(prefill, split_uncached, prefill_rate, settings, True, lengths) if prefill_decodes else 0.0
+    )
     split_cost = split_ttft + split_stall
 
     if split_cost < local_cost:
@@ -118,7 +123,12 @@ def decide_disaggregation(
 
 
 def _stall_cost_s(
-    replica: ReplicaState, uncached: int, rate: float, settings: DisaggregationConfig, serves_both: bool
+    replica: ReplicaState,
+    uncached: int,
+    rate: float,
+    settings: DisaggregationConfig,
+    serves_both: bool,
+    lengths: OutputLengths | None,
 ) -> float:
     """Seconds of TTFT that a prefill of ``uncached`` tokens on ``replica`` is worth in stalled
     decodes: they wait out the part of it a decode step cannot hide. Priced by the decodes it pushes
@@ -126,6 +136,10 @@ def _stall_cost_s(
     decode running there, and at least the next one sent there while it runs."""
     stall = max(uncached - settings.stall_free_tokens, 0) / rate
     if serves_both and replica.decodes is not None:
-        return settings.missed_itl_weight * decodes_pushed_past(replica.decodes, stall, settings.itl_target_s) * stall
+        return (
+            settings.missed_itl_weight
+            * decodes_pushed_past(replica.decodes, stall, settings.itl_target_s, lengths)
+            * stall
+        )
     decodes = replica.num_running if replica.num_running is not None else replica.in_flight
     return settings.itl_weight * max(decodes, 1) * stall

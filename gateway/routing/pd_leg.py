@@ -60,6 +60,7 @@ def place_prefill_leg(
             transfer_s,
             prefill_decodes=decodes_there(slot),
             decode_prefills=decode_prefills,
+            lengths=router.output_lengths,
         )
 
     if settings.mode != "conditional" or not any(decodes_there(slot) for slot in candidates):

@@ -22,6 +22,7 @@ from gateway.routing.context import RouteContext, predicted_cached_tokens
 from gateway.routing.decaying_counts import DecayingCounts
 from gateway.routing.hash_ring import HashRing
 from gateway.routing.late_binding import hold_for_owner
+from gateway.routing.output_lengths import AnswerLengthStats, OutputLengths
 from gateway.routing.policies import Policy, build_policy
 from gateway.routing.replica_spec import ReplicaSpec, known_capacity
 from gateway.routing.retention_keys import conversation_key, first_private_block
@@ -72,6 +73,7 @@ class RouterStats:
     calibration: CalibrationStats
     sessions: dict[str, FootprintStats]
     """Per replica: the active sessions with a client key routed there, and their footprints."""
+    answer_lengths: AnswerLengthStats
 
 
 class Router:
@@ -99,6 +101,8 @@ class Router:
         """Per replica: blocks routed there that it did not hold (its cache's turnover)."""
         self._footprints = SessionFootprints(config.session_ttl_s)
         self.calibration = Calibration()
+        self.output_lengths = OutputLengths()
+        """Completed answers' lengths against their bounds (the P/D decider's guess of where decodes stop)."""
         self._rings: dict[str, HashRing] = {}
         self._replicas = list(replicas)
         self._specs = {spec.name: spec for spec in replicas}
@@ -247,14 +251,23 @@ class Router:
             self._footprints.add(backend, request.session_key, len(request.block_hashes), held, now)
         self.tracker.record_routed(request.block_hashes, backend, ticket.found)
 
-    def on_finished(self, ticket: RouteTicket, reported_cached_tokens: int | None, prefilled: bool) -> None:
+    def on_finished(
+        self,
+        ticket: RouteTicket,
+        reported_cached_tokens: int | None,
+        prefilled: bool,
+        completed_output_tokens: int | None = None,
+    ) -> None:
         """The request the ticket was sent with has ended, ``prefilled`` on its replica (which then
         holds its blocks, however the answer ended) or not: calibrate the prediction, or undo the
-        blocks it was predicted to hold (once per ticket)."""
+        blocks it was predicted to hold (once per ticket). ``completed_output_tokens``: the answer's
+        length when the replica finished it (not a client gone or an error)."""
         backend = ticket.sent_to
         if backend is None or ticket.finished:
             return
         ticket.finished = True
+        if completed_output_tokens is not None:
+            self.output_lengths.record(completed_output_tokens, ticket.request.max_tokens)
         if backend not in self._specs:
             return
         if not prefilled:
@@ -297,7 +310,9 @@ class Router:
 
     def stats(self) -> RouterStats:
         footprints = self._footprints.stats(self._clock())
-        return RouterStats(self.policy.name, self.tracker.stats(), self.calibration.summary(), footprints)
+        return RouterStats(
+            self.policy.name, self.tracker.stats(), self.calibration.summary(), footprints, self.output_lengths.stats()
+        )
 
     def _ring_for_model(self, model: str) -> HashRing:
         ring = self._rings.get(model)

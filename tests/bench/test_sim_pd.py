@@ -124,3 +124,34 @@ def test_transfer_cost_comes_from_the_planner() -> None:
 def test_the_command_skips_without_the_trace(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     assert simulate_pd_main(["--trace-dir", str(tmp_path)]) == 0
     assert "skipping" in capsys.readouterr().out
+
+
+def test_answers_end_at_their_own_length_under_a_loose_client_bound_and_the_router_learns_how_short() -> None:
+    """``SimFleet.client_max_tokens``: clients send 4,096 while each answer stops (an EOS) at its own
+    16 tokens, split or local; the router records each completed answer against the loose bound."""
+    loose = SimFleet(replicas=3, num_blocks=512, costs=COSTS, client_max_tokens=4096)
+    fleet = PdVirtualFleet(KVGATE, loose, PdSetup(split_roles(3, 1), "kvgate", TRANSFER_S))
+    outcome = fleet.run(long_prompts(count=40))
+    assert all(result.ok and result.output_tokens == 16 for result in outcome.load.results)
+    assert fleet.pd.split > 0, "long cold prompts split: both paths record"
+    assert fleet.router is not None
+    lengths = fleet.router.output_lengths
+    assert len(lengths) == 40, "decode answers only: the prefill legs' one token is not an answer"
+    assert lengths.fraction_shorter(1, 4096, 17) == 1.0
+    assert lengths.fraction_shorter(1, 4096, 16) == 0.0
+
+
+def test_a_queued_request_reports_the_clients_loose_bound_not_its_own_length() -> None:
+    loose = SimFleet(replicas=3, num_blocks=512, costs=COSTS, client_max_tokens=4096)
+    fleet = PdVirtualFleet(KVGATE, loose, PdSetup(split_roles(3, 0), "never", TRANSFER_S))
+    seen: list[int] = []
+    replica = fleet.backends[0].replica
+    original = replica.start_step
+
+    def start_step(now: float) -> float | None:
+        seen.extend(decode.tokens + decode.tokens_left for decode in replica.decodes())
+        return original(now)
+
+    replica.start_step = start_step  # type: ignore[method-assign]
+    fleet.run(long_prompts(count=3))
+    assert seen and set(seen) == {4096}

@@ -88,9 +88,9 @@ class _Recorded:
         self._fleet.recording.events.append((self._fleet.now, "first_token", self._request_id))
         self._settle.first_token()
 
-    def finish(self, cached_tokens: int | None, prefilled: bool) -> None:
+    def finish(self, cached_tokens: int | None, prefilled: bool, completed_output_tokens: int | None = None) -> None:
         self._fleet.recording.events.append((self._fleet.now, "finish", (self._request_id, cached_tokens)))
-        self._settle.finish(cached_tokens, prefilled)
+        self._settle.finish(cached_tokens, prefilled, completed_output_tokens)
 
 
 class Replay:

@@ -21,6 +21,15 @@ def test_a_request_a_replica_may_have_prefilled_is_charged_its_prompt() -> None:
     assert tokens_used(REQUEST, None, 908, prefill_started=True) == 900
 
 
+def test_only_an_answer_the_replica_finished_teaches_the_router_how_long_answers_run() -> None:
+    usage = Usage(prompt_tokens=900, completion_tokens=5, total_tokens=905)
+    assert UpstreamOutcome(status=200, completed=True, usage=usage).completed_output_tokens == 5
+    assert UpstreamOutcome(status=200, completed=False, usage=usage).completed_output_tokens is None, "client gone"
+    assert UpstreamOutcome(status=200, completed=True, capped=True, usage=usage).completed_output_tokens is None
+    assert UpstreamOutcome(status=400, completed=True, usage=usage).completed_output_tokens is None
+    assert UpstreamOutcome(status=200, completed=True).completed_output_tokens is None, "no usage: length unknown"
+
+
 def test_an_answer_is_charged_what_it_used_whatever_the_prefill_flag_says() -> None:
     streamed = UpstreamOutcome(status=200, first_token_at=1.0, token_chunks=3)
     assert tokens_used(REQUEST, streamed, 908, prefill_started=True) == 903

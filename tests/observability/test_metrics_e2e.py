@@ -94,10 +94,14 @@ def test_counters_add_up_to_the_responses(served: Deployment, usages: list[dict]
     assert total(values, "kvgate_backend_in_flight") == 0
     assert total(values, "kvgate_active_sessions") == 1
     assert len(values["kvgate_session_footprint_blocks"]) == len(values["kvgate_active_sessions"]) >= 1
+    assert total(values, "kvgate_answers_known") == len(usages), "every answer completed, streamed or not"
+    share = sum(usage["completion_tokens"] for usage in usages) / (6 * len(usages))
+    assert total(values, "kvgate_answer_length_median_share_of_max_tokens") == share == 1.0
 
     stats = http("GET", f"{served.url}/dashboard/stats.json", headers=ADMIN).json()
     assert stats["totals"]["cached_tokens"] == cached
     assert stats["totals"]["rejected"] == 2
+    assert stats["prefix_index"]["answer_lengths"] == {"known": len(usages), "median_share_of_bound": 1.0}
     assert sum(replica["saved_tokens"] for replica in stats["replicas"]) == cached
     tenants = {tenant["tenant"]: tenant for tenant in stats["tenants"]}
     assert tenants["bike-shop"]["cached_tokens"] == cached and tenants["bike-shop"]["rejected"] == 1

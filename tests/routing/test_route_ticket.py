@@ -69,3 +69,20 @@ def test_the_router_keeps_nothing_per_request() -> None:
     gc.collect()
     assert [ref for ref in tickets if ref() is not None] == []
     assert r.stats().calibration.count == 1000
+
+
+def test_a_completed_answer_is_recorded_once_against_its_bound() -> None:
+    r = router()
+    ticket = r.route(request(1, request_id="answered"), IDLE)
+    r.on_routed(ticket, ticket.decision.backend)
+    r.on_finished(ticket, 0, True, completed_output_tokens=8)
+    r.on_finished(ticket, 0, True, completed_output_tokens=8)
+    unsent = r.route(request(1, request_id="never sent"), IDLE)
+    r.on_finished(unsent, None, False, completed_output_tokens=8)
+    cut = r.route(request(1, request_id="client gone"), IDLE)
+    r.on_routed(cut, cut.decision.backend)
+    r.on_finished(cut, 0, True)
+    assert len(r.output_lengths) == 1
+    for _ in range(40):
+        r.output_lengths.record(8, 32)
+    assert r.output_lengths.fraction_shorter(1, 32, 9) == 1.0, "8 of the request's 32: a quarter of its bound"
