@@ -7,6 +7,9 @@ TORCH := torch==2.13.0
 # PyTorch's own CPU wheels (hundreds of MB, where plain PyPI gives Linux the multi-GB CUDA build).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
+# apt-get's package lists, refreshed unless an earlier step did so within the hour (one update, not one per package).
+APT_UPDATE = { test -n "$$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -60 2>/dev/null | head -1)" || apt-get update -qq; }
+
 .PHONY: install run test test-fast lint bench bench-tools browser redis dnsmasq clean
 
 $(STAMP): pyproject.toml
@@ -26,38 +29,47 @@ run: install
 
 # Two workers (pytest-xdist), each taking whole test files (module fixtures start engines once):
 # the suite waits on child processes for much of its time. --durations: the slowest tests, printed
-# at the end of every run (CI's time budget is 10 minutes).
-test: install lint browser redis dnsmasq
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30
+# at the end of every run (CI's time budget is 10 minutes). The lint runs beside the system packages'
+# installs and the tests (a minute of type checking a fresh clone would otherwise wait for) and fails
+# the run after them; its output follows theirs. Bytecode is cached under .venv even where
+# PYTHONDONTWRITEBYTECODE is set: the suite starts some 200 Python processes (engines, gateways, CLIs),
+# each of which would otherwise compile kvgate's sources again, and pytest's rewritten test modules.
+test: install
+	@( $(LINT) ) > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory browser redis dnsmasq; \
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
+		$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30; tests=$$?; \
+	wait $$lint; linted=$$?; echo "--- make lint:"; cat $(VENV)/lint.log; \
+	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi; \
+	exit $$tests
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 # Lint, format and type checks (configured in pyproject.toml); any finding fails `make test`.
+LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 lint: install
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	$(LINT)
 
 # The dashboard test drives headless Chromium; install it where apt-get can (CI, fresh Debian).
 browser:
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		($(APT_UPDATE) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 		|| echo "chromium could not be installed: the dashboard browser test will skip"; \
 	fi
 
 # Shared-limit tests start a real redis-server; install it where apt-get can (they skip without it).
 redis:
 	@if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+		($(APT_UPDATE) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
 		|| echo "redis-server could not be installed: the shared-limit tests will skip"; \
 	fi
 
 # DNS discovery tests run a real resolver; dnsmasq-base is its executable alone (no system service).
 dnsmasq:
 	@if ! command -v dnsmasq >/dev/null 2>&1 && ! test -x /usr/sbin/dnsmasq && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null) \
+		($(APT_UPDATE) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null) \
 		|| echo "dnsmasq could not be installed: the DNS discovery tests will skip"; \
 	fi
 
@@ -66,7 +78,7 @@ dnsmasq:
 bench-tools:
 	@for tool in wrk:wrk nginx:nginx-light; do \
 		if ! command -v $${tool%%:*} >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $${tool#*:} >/dev/null) \
+			($(APT_UPDATE) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $${tool#*:} >/dev/null) \
 			|| echo "$${tool#*:} could not be installed: kvgate bench throughput will say what it lacks"; \
 		fi; \
 	done
