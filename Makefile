@@ -29,19 +29,18 @@ run: install
 
 # Two workers (pytest-xdist), each taking whole test files (module fixtures start engines once):
 # the suite waits on child processes for much of its time. --durations: the slowest tests, printed
-# at the end of every run (CI's time budget is 10 minutes). The lint runs beside the system packages'
-# installs and the tests (a minute of type checking a fresh clone would otherwise wait for) and fails
-# the run after them; its output follows theirs. Bytecode is cached under .venv even where
-# PYTHONDONTWRITEBYTECODE is set: the suite starts some 200 Python processes (engines, gateways, CLIs),
-# each of which would otherwise compile kvgate's sources again, and pytest's rewritten test modules.
+# at the end of every run (CI's time budget is 10 minutes). The lint runs while apt-get installs the
+# system packages (a fresh clone's type check would otherwise wait for them) and fails the run before
+# the tests start. Bytecode is cached under .venv even where PYTHONDONTWRITEBYTECODE is set: the suite
+# starts some 200 Python processes (engines, gateways, CLIs), each of which would otherwise compile
+# kvgate's sources again, and pytest rewrites every test module.
 test: install
 	@( $(LINT) ) > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory browser redis dnsmasq; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
+	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
-		$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30; tests=$$?; \
-	wait $$lint; linted=$$?; echo "--- make lint:"; cat $(VENV)/lint.log; \
-	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi; \
-	exit $$tests
+		$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
 test-fast: install
