@@ -111,6 +111,10 @@ class RoutingConfig(ConfigSection):
     sent to it lately, ``churn_window_s``): its least recently used blocks are then the oldest, so
     the prefix evicts what is least likely to come back (sglang-router places new prefixes on the
     replica with the smallest tree to the same end). 0: the fastest, always."""
+    placement_slack_share: float = Field(0.1, ge=0)
+    """The slack is also at most this share of the fastest estimate: a new prefix trades at most a
+    tenth of its own TTFT for an older cache. On a GPU a long prompt prefills in a few hundred ms,
+    where 0.1 s was a third of it and set the fleet's TTFT tail."""
     churn_window_s: float = Field(300.0, gt=0)
     """Time constant of the new-block counts that measure each replica's cache turnover: about
     the time a replica's cache takes to turn over once (131k tokens at the ~600 new tokens/s of

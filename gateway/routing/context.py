@@ -26,6 +26,9 @@ class ScoringSettings(Protocol):
     def placement_slack_s(self) -> float: ...
 
     @property
+    def placement_slack_share(self) -> float: ...
+
+    @property
     def min_match_tokens(self) -> int: ...
 
     @property

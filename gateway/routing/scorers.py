@@ -37,8 +37,8 @@ class EstimatedTTFT:
     """cache_aware: time to first token = queue wait + prefill of the tokens not cached there.
 
     - A new prefix (no useful match) goes to the fastest replica, or to one within
-      ``placement_slack_s`` of it: all of those tie, and the picker takes the one whose cache
-      turns over slowest.
+      ``placement_slack_s`` of it and ``placement_slack_share`` of its estimate: all of those tie,
+      and the picker takes the one whose cache turns over slowest.
     - A shared prefix (``ctx.shared_prefix``) goes where its estimated TTFT is lowest, cache
       credited: a hot system prompt is copied to a replica with room rather than queueing on its
       first holder.
@@ -57,7 +57,9 @@ class EstimatedTTFT:
     def score(self, ctx: RouteContext) -> list[float]:
         estimates = [ctx.estimated_ttft_s(replica) + ctx.overflow_s(replica) for replica in ctx.replicas]
         if not ctx.has_useful_match:
-            return _near_fastest(estimates, ctx.config.placement_slack_s)
+            fastest = min(estimates)
+            slack = min(ctx.config.placement_slack_s, ctx.config.placement_slack_share * fastest)
+            return _near_fastest(estimates, slack)
         if ctx.shared_prefix:
             return inverse_cost(estimates)
         target = ctx.config.ttft_target_s

@@ -62,6 +62,21 @@ def test_a_new_prefix_goes_to_the_slowest_turning_cache_within_the_slack() -> No
     assert router(placement_slack_s=0.0).route(request(9), replicas).decision.backend == "a", "no slack: the fastest"
 
 
+def test_on_fast_replicas_the_slack_is_a_share_of_the_fastest_estimate() -> None:
+    """At 10,000 tokens/s the new prompt's fastest TTFT is ~0.10 s: b's extra 0.05 s is within the
+    0.1 s slack but half the request's TTFT, past the 10 % share, so the fastest wins; with a share
+    of 1 the slack is 0.1 s again and b's older cache wins."""
+    tight = router(prefill_tokens_per_s=10_000.0)
+    loose = router(prefill_tokens_per_s=10_000.0, placement_slack_share=1.0)
+    for r in (tight, loose):
+        for prefix in (1, 2):
+            insert(r, request(prefix, request_id=f"old-{prefix}"), "a")
+        insert(r, request(3, request_id="old-3"), "c")
+    replicas = [state("a"), state("b", in_flight=1, prefill_tokens=500), state("c", in_flight=1, prefill_tokens=5000)]
+    assert tight.route(request(9), replicas).decision.backend == "a"
+    assert loose.route(request(9), replicas).decision.backend == "b"
+
+
 def test_new_prefixes_spread_over_idle_replicas() -> None:
     r = router()
     placed = []
