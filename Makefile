@@ -34,17 +34,17 @@ run: install
 # the tests start. Bytecode is cached under .venv even where PYTHONDONTWRITEBYTECODE is set: the suite
 # starts some 200 Python processes (engines, gateways, CLIs), each of which would otherwise compile
 # kvgate's sources again, and pytest rewrites every test module.
+PYTEST = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(PY) -m pytest -q -p no:cacheprovider
 test: install
 	@( $(LINT) ) > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory browser redis dnsmasq; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
 	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
-		$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30
+	$(PYTEST) -n 2 --dist loadfile --durations=30
 
 # Unit and in-process tests only: no spawned engine or gateway, no model (tests/conftest.py marks the rest slow).
 test-fast: install
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Lint, format and type checks (configured in pyproject.toml); any finding fails `make test`.
 LINT := $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

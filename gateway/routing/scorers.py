@@ -57,9 +57,7 @@ class EstimatedTTFT:
     def score(self, ctx: RouteContext) -> list[float]:
         estimates = [ctx.estimated_ttft_s(replica) + ctx.overflow_s(replica) for replica in ctx.replicas]
         if not ctx.has_useful_match:
-            fastest = min(estimates)
-            slack = min(ctx.config.placement_slack_s, ctx.config.placement_slack_share * fastest)
-            return _near_fastest(estimates, slack)
+            return _near_fastest(estimates, ctx.config.placement_slack_s, ctx.config.placement_slack_share)
         if ctx.shared_prefix:
             return inverse_cost(estimates)
         target = ctx.config.ttft_target_s
@@ -76,11 +74,13 @@ class EstimatedTTFT:
         )
 
 
-def _near_fastest(estimates: list[float], slack_s: float) -> list[float]:
-    """``inverse_cost``, except that every estimate within ``slack_s`` of the fastest scores 1."""
+def _near_fastest(estimates: list[float], slack_s: float, slack_share: float) -> list[float]:
+    """``inverse_cost``, except that every estimate within ``slack_s`` of the fastest, and within
+    ``slack_share`` of the fastest estimate, scores 1."""
     fastest = min(estimates)
+    slack = min(slack_s, slack_share * fastest)
     return [
-        1.0 if estimate <= fastest + slack_s else score
+        1.0 if estimate <= fastest + slack else score
         for estimate, score in zip(estimates, inverse_cost(estimates), strict=True)
     ]
 
