@@ -145,6 +145,7 @@ class SimReplica:
         manager.want_prefix(seq)
         taken = manager.install_remote(seq, first, count)
         manager.release_wants(seq)
+        seq.num_transferred_tokens = len(taken) * manager.block_size
         self.scheduler.add(seq)
         manager.unpin([block_id for _, block_id in taken])
 

@@ -2,7 +2,11 @@
 
 Each step spends a token budget: running sequences first, oldest first (a decode costs one
 token, an unfinished prefill takes the next chunk that fits), then waiting sequences in arrival
-order while blocks and the sequence cap allow. A waiting sequence whose next uncached block a
+order while blocks and the sequence cap allow. A waiting sequence whose prompt KV was pulled from
+a prefill engine (P/D) is admitted before the running prefills take their chunks: its prefill was
+done elsewhere, all it lacks is the last block's tail, and behind a long prompt's chunks it waited
+for every chunk of every prefill queued ahead of it (up to 1.9 s of an 8k-token leg's 0.7 s in
+``bench simulate-pd``, bench/notes/2026-12-03-pulled-requests-first.md). A waiting sequence whose next uncached block a
 running sequence is computing stays queued until it is computed, and hits it then, instead of
 computing the same prefix twice (a follow-up sent right behind its first turn). When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed (its full blocks stay in the
@@ -91,6 +95,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         step = ScheduledStep([], [])
         preempted = False
+        pulled_waiting = any(seq.num_transferred_tokens for seq in self.waiting)
+        prefilling: list[Sequence] = []
         for seq in list(self.running):
             if budget == 0:
                 break
@@ -101,12 +107,32 @@ class Scheduler:
                 preempted = True
                 break
             preempted |= self.num_preemptions > preemptions_before
-            budget -= self._add_chunk(step, seq, budget)
+            if pulled_waiting and seq.num_uncomputed_tokens > 1:
+                prefilling.append(seq)
+            else:
+                budget -= self._add_chunk(step, seq, budget)
         adapters = {seq.lora_id for seq in self.running if seq.lora_id} if self.max_loras is not None else set()
+        if pulled_waiting and not preempted:
+            budget = self._admit(step, budget, adapters, pulled_only=True)
+        for seq in prefilling:
+            if budget == 0:
+                break
+            budget -= self._add_chunk(step, seq, budget)
+        if not preempted:
+            self._admit(step, budget, adapters, pulled_only=False)
+        step.transfers = self.block_manager.take_transfers()
+        return step
+
+    def _admit(self, step: ScheduledStep, budget: int, adapters: set[int], pulled_only: bool) -> int:
+        """Start waiting sequences in arrival order while the budget, blocks and the sequence cap
+        allow (with ``pulled_only``, only those whose prompt KV was pulled); the budget left."""
         position = 0  # requests before it stay queued: for an adapter slot or a prefix being computed
         adapter_blocked = False
-        while position < len(self.waiting) and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+        while position < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[position]
+            if pulled_only and not seq.num_transferred_tokens:
+                position += 1
+                continue
             if seq.lora_id and not self._adapter_fits(seq.lora_id, adapters, adapter_blocked):
                 adapter_blocked = True
                 position += 1
@@ -125,8 +151,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._add_chunk(step, seq, budget)
-        step.transfers = self.block_manager.take_transfers()
-        return step
+        return budget
 
     def postprocess(self, step: ScheduledStep, sampled: list[int | None]) -> None:
         """Record computed chunks, cache newly full blocks and append sampled tokens."""

@@ -19,10 +19,12 @@ The two ways:
 - local: the decode replica prefills what it lacks, stalling its own running decodes;
 - split: the prefill replica prefills what *it* lacks, the decode replica pulls the blocks it
   lacks (``kv_bytes_per_token`` / ``kv_bandwidth_bytes_per_s`` a token) and only then queues
-  the request behind its own waiting work (requests routed to it meanwhile are ahead: its queue
-  wait counts in full, as in ``bench simulate``, where assuming it drains during the prefill leg
-  underestimated split TTFTs by 2-3 s); only a prefill replica that also decodes
-  (``role: both``) has decodes to stall.
+  the request, its queue wait counted in full; only a prefill replica that also decodes
+  (``role: both``) has decodes to stall. The engine starts a pulled request ahead of the prefills
+  queued there (engine/core/scheduler.py), so the full wait overstates what it waits, but it
+  also stands for the prefills routed there meanwhile, which stall the decode once it runs:
+  counting none split more requests on every set and reached the P/D bar on 37 of 56 windows
+  in ``bench simulate-pd``, against 50 (bench/notes/2026-12-03-pulled-requests-first.md).
 
 The split wins when it costs less. That gives the peers' rules as special cases, with the load
 and the transfer priced in: llm-d's ``prefix-based-pd-decider`` splits when the decode replica's

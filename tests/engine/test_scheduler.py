@@ -43,6 +43,29 @@ def test_decodes_run_alongside_a_chunked_prefill() -> None:
     assert [(c.seq_id, len(c.token_ids)) for c in chunks] == [(0, 1), (1, 7)]
 
 
+def test_a_sequence_with_pulled_kv_starts_ahead_of_running_and_queued_prefills() -> None:
+    """A P/D decode leg lacks only its prompt's tail: it goes before the running prefill's chunk
+    and before prompts queued ahead of it, instead of waiting out every chunk of theirs."""
+    scheduler = make_scheduler(num_blocks=64, budget=8)
+    manager = scheduler.block_manager
+    long_prompt, queued, pulled = make_seq(0, 40), make_seq(1, 12), make_seq(2, 13)
+    scheduler.add(long_prompt)
+    run_step(scheduler)
+    scheduler.add(queued)
+    manager.want_prefix(pulled)
+    taken = manager.install_remote(pulled, 0, 3)
+    manager.release_wants(pulled)
+    pulled.num_transferred_tokens = len(taken) * BLOCK
+    scheduler.add(pulled)
+    manager.unpin([block_id for _, block_id in taken])
+    chunks = run_step(scheduler)
+    assert [(c.seq_id, c.start_pos, len(c.token_ids)) for c in chunks] == [(2, 12, 1), (0, 8, 7)]
+    assert pulled.num_output_tokens == 1 and pulled.num_cached_tokens == 12
+    assert list(scheduler.waiting) == [queued]
+    run_to_completion(scheduler)
+    assert long_prompt.num_output_tokens == queued.num_output_tokens == 4
+
+
 def test_sequence_cap_limits_the_running_batch() -> None:
     scheduler = make_scheduler(num_blocks=64, max_num_seqs=2)
     for seq_id in range(4):
