@@ -19,8 +19,8 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp import StreamReader, web
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from gateway.errors import OpenAIError, error_response
@@ -61,7 +61,14 @@ class GatewayRequestHandler(RequestHandler):
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
+        body = self._body_being_received()
+        queued = len(self._messages)
         super().data_received(data)
+        if body is not None and len(self._messages) > queued:
+            error = self._messages[-1][0]
+            if isinstance(error, _ErrInfo):
+                self._messages.pop()
+                self._fail_body(body, error)
         if self._messages or self._current_request is not None:
             self._partial_head = False
             self._disarm_header_deadline()
@@ -69,6 +76,28 @@ class GatewayRequestHandler(RequestHandler):
             self._partial_head = bool(data)
             if self._header_deadline is None:
                 self._arm_header_deadline()
+
+    def _body_being_received(self) -> StreamReader | None:
+        """The unfinished body of the last request whose head was parsed (queued, or being handled)."""
+        if self._messages:
+            message, payload = self._messages[-1]
+            body = None if isinstance(message, _ErrInfo) else payload
+        else:
+            body = self._current_request.content if self._current_request is not None else None
+        return body if body is not None and not body.is_eof() else None
+
+    def _fail_body(self, body: StreamReader, error: _ErrInfo) -> None:
+        """The parser failed on a body that arrived after its head (the end of a deflate stream that
+        does not decompress, say). aiohttp's C parser reports that as an error message of its own and
+        leaves the request waiting for a body that has already come: a 408 after
+        ``timeouts.client_body_s``, then a second answer for the error message. Here the request's body
+        read fails at once instead (the handler's 400, its only answer), and the connection closes after
+        the request being handled (the parser cannot go on; a failed body of a pipelined request, queued
+        behind the one being handled, goes unanswered)."""
+        log.info("refused a request body the HTTP parser failed on: %s", type(error.exc).__name__)
+        body.set_exception(RequestPayloadError(error.message))
+        body.feed_eof()
+        self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm_header_deadline()

@@ -215,6 +215,23 @@ def test_a_malformed_gzip_body_gets_a_400(cluster: Cluster) -> None:
     assert raw_post(cluster.port, "/v1/chat/completions", body, bearer, b"Content-Encoding: gzip")[0] == 200
 
 
+def test_a_deflate_body_that_fails_after_its_head_gets_a_400_at_once(cluster: Cluster) -> None:
+    """A deflate body that does not decompress and arrives after its head (the parser fails at its
+    end) was awaited until timeouts.client_body_s: a 408 saying it never came, then a second answer."""
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\nAuthorization: Bearer {OPEN}\r\n"
+        "Content-Type: application/json\r\nContent-Encoding: deflate\r\nContent-Length: 2\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", cluster.port)) as sock:
+        sock.sendall(head)
+        time.sleep(0.2)  # the head is parsed alone: its handler waits for the body
+        sock.sendall(b"%{")
+        answer = closed_within(sock, 8)
+    assert answer is not None, "still open after the answer: the parser cannot go on"
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.") == 1, answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["message"].endswith("decompressed.")
+
+
 async def test_requests_sharing_an_x_request_id_keep_their_own_state(cluster: Cluster) -> None:
     """18.6: the router's pending table was keyed by x-request-id: calibration counted 1 of 60."""
     stats_url = f"{cluster.url}/dashboard/stats.json"
