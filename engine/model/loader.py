@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import gguf
 import torch
@@ -80,13 +81,13 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     transformers' own GGUF reader dequantizes the tensors and names them after a skeleton of the model
     on the meta device (no memory, no initialization). ``from_pretrained(gguf_file=...)`` reads the
     file's metadata once more and initializes a real model first: 30 s instead of 18 s for
-    SmolLM2-135M on the 2-core VM.
+    SmolLM2-135M on the 2-core VM. The config and the tensors come from one parse of the file.
     """
     assert source.gguf_file is not None
-    config = _gguf_config(source)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    with _tensor_name_maps_reused():
+    with _gguf_parsed_once():
+        config = _gguf_config(source)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
         state = load_gguf_checkpoint(str(source.gguf_file), return_tensors=True, model_to_load=skeleton)["tensors"]
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -103,14 +104,29 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
 
 
 @contextmanager
-def _tensor_name_maps_reused() -> Iterator[None]:
-    """transformers' GGUF reader asks gguf for the tensor name map of the whole model once per
-    module it visits (397 times for SmolLM2-135M, 7 s of a 15 s read on the 2-core VM); the map
-    depends only on the architecture and the layer count, and the reader only looks names up in
-    it, so one map per pair serves every call."""
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within, a GGUF file is parsed once and its tensor name maps are built once.
+
+    transformers parses the file's metadata for the config and again for the tensors (``GGUFReader``
+    reads every tokenizer entry one at a time: ~5 s for SmolLM2-135M on the 2-core VM, each time);
+    it only reads from a reader, so one per file serves both. Its GGUF reader also asks gguf for the
+    tensor name map of the whole model once per module it visits (397 times for SmolLM2-135M, 7 s of
+    a 15 s read on the 2-core VM); the map depends only on the architecture and the layer count, and
+    the reader only looks names up in it, so one map per pair serves every call."""
+    read = gguf.GGUFReader
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+
+    def reader(path: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r") -> gguf.GGUFReader:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = read(path, mode)
+        return readers[key]
+
     build = gguf.get_tensor_name_map
+    gguf.GGUFReader = reader  # type: ignore[assignment,misc]
     gguf.get_tensor_name_map = functools.cache(build)
     try:
         yield
     finally:
+        gguf.GGUFReader = read  # type: ignore[misc]
         gguf.get_tensor_name_map = build
