@@ -5,6 +5,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,15 @@ def start_engines(tmp_path: Path, count: int, *flags: str) -> list[ManagedProces
 
 def start_engine_set(tmp_path: Path, flag_sets: Sequence[Sequence[str]]) -> list[ManagedProcess]:
     """One engine per entry of ``flag_sets``, started in parallel; if one fails, the others are stopped."""
-    with ThreadPoolExecutor(len(flag_sets)) as pool:
-        futures = [
-            pool.submit(start_engine, tmp_path, *flags, name=f"engine{index}") for index, flags in enumerate(flag_sets)
-        ]
+    return start_all(
+        [partial(start_engine, tmp_path, *flags, name=f"engine{index}") for index, flags in enumerate(flag_sets)]
+    )
+
+
+def start_all(starters: Sequence[Callable[[], ManagedProcess]]) -> list[ManagedProcess]:
+    """Each starter's process, started in parallel; if one fails, the others are stopped."""
+    with ThreadPoolExecutor(len(starters)) as pool:
+        futures = [pool.submit(starter) for starter in starters]
     started = [future.result() for future in futures if future.exception() is None]
     errors = [error for future in futures if (error := future.exception()) is not None]
     if errors:
@@ -102,6 +108,20 @@ def gateway_for(tmp_path: Path, config: dict[str, Any]) -> Iterator[ManagedProce
         yield gateway
     finally:
         gateway.stop()
+
+
+@contextmanager
+def gateways_for(tmp_path: Path, configs: dict[str, dict[str, Any]]) -> Iterator[dict[str, ManagedProcess]]:
+    """A gateway per named config (its config and log in ``tmp_path / name``), started in parallel."""
+
+    def starter(name: str, config: dict[str, Any]) -> Callable[[], ManagedProcess]:
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        config_path = write_config(folder / "gateway.yaml", config)
+        return partial(start_gateway, folder, config_path, config["listen"]["port"])
+
+    with running(start_all([starter(name, config) for name, config in configs.items()])) as gateways:
+        yield dict(zip(configs, gateways, strict=True))
 
 
 @contextmanager

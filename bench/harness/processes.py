@@ -142,14 +142,15 @@ def http_body(url: str) -> bytes | None:
         return None
 
 
-def wait_ready(process: Process, is_ready: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Poll ``is_ready`` until true; stop the process and raise with its log if it dies or times out."""
+def wait_ready(process: Process, is_ready: Callable[[], bool], timeout_s: float = 60.0, poll_s: float = 0.2) -> None:
+    """Poll ``is_ready`` every ``poll_s`` until true; stop the process and raise with its log if it dies or
+    times out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.proc.poll() is not None:
             raise RuntimeError(f"{process.command_head} exited with {process.proc.returncode}:\n{process.log_tail()}")
         if is_ready():
             return
-        time.sleep(0.2)
+        time.sleep(poll_s)
     process.stop()
     raise TimeoutError(f"{process.command_head} not ready after {timeout_s}s:\n{process.log_tail()}")

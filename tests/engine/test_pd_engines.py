@@ -134,20 +134,21 @@ def test_a_follow_up_pulls_only_what_the_decode_engine_lacks(fleet: Fleet) -> No
     tokenizer = ChatTokenizer.load(MODEL)
     first_prompt = "A survey of bridges: " + " ".join(f"bridge{i}" for i in range(60))
     body = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+    first_ids = tokenizer.encode_text(first_prompt)
+    first_blocks = (len(first_ids) - 1) // BLOCK
+    expected_hashes = block_hashes(first_ids, BLOCK, MODEL)[:first_blocks]
+    expected_stored = {wire_block_hash(hash_to_bytes(h)) for h in expected_hashes}
     subscriber = zmq.Context.instance().socket(zmq.SUB)
     subscriber.setsockopt(zmq.SUBSCRIBE, b"")
     subscriber.setsockopt(zmq.RCVTIMEO, 5000)
     subscriber.connect(fleet.events)
     try:
         _, first = disaggregated(fleet.prefill, fleet.decode, "/v1/completions", {**body, "prompt": first_prompt})
-        stored = received_stored_hashes(subscriber)
+        stored = received_stored_hashes(subscriber, expected_stored)
     finally:
         subscriber.close(linger=0)
-    first_ids = tokenizer.encode_text(first_prompt)
-    first_blocks = (len(first_ids) - 1) // BLOCK
     assert cached(first) == first_blocks * BLOCK
-    expected_hashes = block_hashes(first_ids, BLOCK, MODEL)[:first_blocks]
-    assert {wire_block_hash(hash_to_bytes(h)) for h in expected_hashes} <= stored, "installed blocks are published"
+    assert expected_stored <= stored, "installed blocks are published"
 
     follow_up = first_prompt + " and then " + " ".join(f"tower{i}" for i in range(40))
     pulled_before = metric(fleet.decode, "kvgate:kv_transfer_blocks_total", 'direction="pulled"')
@@ -164,9 +165,11 @@ def test_a_follow_up_pulls_only_what_the_decode_engine_lacks(fleet: Fleet) -> No
     assert text_of(decode) == text_of(expected)
 
 
-def received_stored_hashes(subscriber: zmq.Socket) -> set[int]:
+def received_stored_hashes(subscriber: zmq.Socket, expected: set[int]) -> set[int]:
+    """The stored blocks' hashes published, read until ``expected`` are all among them or nothing came
+    for the socket's receive timeout (not always for that long: 5 s of every run)."""
     hashes: set[int] = set()
-    while True:
+    while not expected <= hashes:
         try:
             _, batch = parse_frames(subscriber.recv_multipart())
         except zmq.Again:
@@ -174,6 +177,7 @@ def received_stored_hashes(subscriber: zmq.Socket) -> set[int]:
         for event in batch.events:
             if isinstance(event, BlockStored):
                 hashes.update(wire_block_hash(h) for h in event.block_hashes)
+    return hashes
 
 
 def test_a_dead_prefill_engine_leaves_the_decode_engine_to_prefill(fleet: Fleet) -> None:

@@ -209,19 +209,57 @@ def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedPro
         yield engines[0]
 
 
+BYSTANDER_TOKENS = 32
+"""Each bystander's length: the next one starts when it has streamed half of these, so one is always in
+the batch, and the last ends at most about half of these after the table (a single bystander of 400
+tokens spanned the table's ~65 steps and then ran 20 s alone)."""
+
+
+async def _bystanders(url: str, table_done: asyncio.Event, first_running: asyncio.Event) -> list[bytes]:
+    """Streams of BYSTANDER_TOKENS tokens, overlapping (each starts when the one before has streamed half
+    of its tokens), from before the table (``first_running``: the first has its first token) until one
+    has streamed half of its tokens after ``table_done``: every step of the table has one in its batch."""
+    body = {**base_body("/v1/completions", BYSTANDER_TOKENS), "ignore_eos": True, "stream": True}
+
+    async def one(session: aiohttp.ClientSession, halfway: asyncio.Event) -> bytes:
+        streamed, tokens = b"", 0
+        try:
+            async with session.post(f"{url}/v1/completions", json=body) as reply:
+                async for line in reply.content:
+                    streamed += line
+                    tokens += line.startswith(b"data: {")
+                    first_running.set()
+                    if tokens >= BYSTANDER_TOKENS // 2:
+                        halfway.set()
+        finally:
+            first_running.set()
+            halfway.set()
+        return streamed
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        streams = []
+        while not table_done.is_set():
+            halfway = asyncio.Event()
+            streams.append(asyncio.create_task(one(session, halfway)))
+            await halfway.wait()
+            if streams[-1].done():  # it ended before half its tokens (an error): the test fails on it
+                break
+        return await asyncio.gather(*streams)
+
+
 async def test_no_hostile_sampler_value_fails_the_real_model_or_its_batch(real_engine: ManagedProcess) -> None:
-    """A bystander's stream runs through the whole table and must finish whole: a sampler failure
-    would fail every request in the step, the bystander's too."""
-    bystander_body = {**base_body("/v1/completions", 400), "ignore_eos": True, "stream": True}
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session,
-        session.post(f"{real_engine.url}/v1/completions", json=bystander_body) as bystander,
-    ):
-        await bystander.content.readline()
-        failures = await _hostile_table(real_engine.url, SAMPLER_FIELDS, 2)
-        stream = await bystander.read()
+    """Bystanders' streams run through the whole table, one always in the batch, and each must finish
+    whole: a sampler failure would fail every request in the step, a bystander's too."""
+    table_done, first_running = asyncio.Event(), asyncio.Event()
+    bystanders = asyncio.create_task(_bystanders(real_engine.url, table_done, first_running))
+    await first_running.wait()
+    failures = await _hostile_table(real_engine.url, SAMPLER_FIELDS, 2)
+    table_done.set()
+    streams = await bystanders
     assert failures == []
-    assert b'"error"' not in stream and stream.rstrip().endswith(b"data: [DONE]")
+    for stream in streams:
+        assert b'"error"' not in stream and stream.rstrip().endswith(b"data: [DONE]"), stream[-300:]
+    assert len(streams) > 1, "the table was over within half a bystander: no hand-over was exercised"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.gateway_cluster import gateway_for, start_engine_set
+from tests.gateway_cluster import gateways_for, start_engine_set
 from tests.procs import HttpReply, ManagedProcess, free_port, http
 
 pytestmark = pytest.mark.slow
@@ -69,15 +69,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "routing": {"disaggregation": {"mode": "always", "among_both": True}},
         "health": health,
     }
-    for name in ("pd", "aggregated", "among_both"):
-        (tmp_path / name).mkdir()
+    configs = {"pd": pd_config, "aggregated": aggregated_config, "among_both": among_both_config}
     try:
-        with (
-            gateway_for(tmp_path / "pd", pd_config) as pd,
-            gateway_for(tmp_path / "aggregated", aggregated_config) as aggregated,
-            gateway_for(tmp_path / "among_both", among_both_config) as among_both,
-        ):
-            yield Fleet(prefill, decode, single, pd, aggregated, among_both)
+        with gateways_for(tmp_path, configs) as gateways:
+            yield Fleet(prefill, decode, single, gateways["pd"], gateways["aggregated"], gateways["among_both"])
     finally:
         for engine in engines:
             engine.stop()
