@@ -3,10 +3,11 @@
 Each step spends a token budget: running sequences first, oldest first (a decode costs one
 token, an unfinished prefill takes the next chunk that fits), then waiting sequences in arrival
 order while blocks and the sequence cap allow. A waiting sequence whose prompt KV was pulled from
-a prefill engine (P/D) is admitted before the running prefills take their chunks: its prefill was
-done elsewhere, all it lacks is the last block's tail, and behind a long prompt's chunks it waited
-for every chunk of every prefill queued ahead of it (up to 1.9 s of an 8k-token leg's 0.7 s in
-``bench simulate-pd``, bench/notes/2026-12-03-pulled-requests-first.md). A waiting sequence whose next uncached block a
+a prefill engine (P/D) lacks only its last block's tail: it is admitted right after the running
+decodes, before the running prefills' chunks. In arrival order it waited out every chunk of the
+prefills queued ahead of it (up to 1.9 s once its prefill leg was done, in ``bench simulate-pd``); now
+it decodes beside those chunks, trading that wait for inter-token latency
+(bench/notes/2026-12-03-pulled-requests-first.md). A waiting sequence whose next uncached block a
 running sequence is computing stays queued until it is computed, and hits it then, instead of
 computing the same prefix twice (a follow-up sent right behind its first turn). When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed (its full blocks stay in the
