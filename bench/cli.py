@@ -38,6 +38,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "bench.sim.sim_pd_cli",
         "aggregated against P/D fleets (always, conditional, peers) in virtual time",
     ),
+    "seed-spread": (
+        "bench.sim.seed_spread",
+        "kvgate against the best modelled peer per window, over seeds: paired differences, 95 % intervals",
+    ),
     "pd-itl": ("bench.engine.pd_itl", "short requests' decode ITL while long prompts arrive: aggregated vs P/D, CPU"),
     "overhead": ("bench.micro.overhead", "added latency of kvgate and sglang-router over a zero-latency backend"),
     "epp-latency": ("bench.micro.epp_latency", "added latency and picks/s of `kvgate epp` beside the HTTP gateway's"),

@@ -23,6 +23,7 @@ from bench.cli import TRACE_FILES, pairs
 from bench.harness.contenders import Contender
 from bench.harness.processes import REPO
 from bench.harness.users_table import users_row
+from bench.sim.seed_spread import paired_interval
 from bench.sim.sim_pd import PdSetup, PdVirtualFleet, split_roles
 from bench.sim.simulate import SimFleet
 from bench.workloads.trace_replay import TraceReplayParams, generate
@@ -69,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace-dir", type=Path, default=REPO.parent / "shared" / "traces")
     parser.add_argument("--starts", default="0,800,1600", help="first record of each trace window")
     parser.add_argument("--max-requests", type=int, default=400, help="records per window")
-    parser.add_argument("--seeds", default="0", help="token-id seeds (comma-separated)")
+    parser.add_argument("--seeds", default="0", help="token-id (and arrival jitter) seeds (comma-separated)")
+    parser.add_argument(
+        "--arrival-jitter-ms",
+        type=float,
+        default=0.0,
+        help="each arrival moves later by a seeded uniform draw below this many trace ms "
+        "(the trace's timestamp resolution: 3000 conversation, 1 synthetic; 0: as written)",
+    )
     parser.add_argument("--block-tokens", type=int, default=512, help="tokens per trace hash id (512: real lengths)")
     parser.add_argument("--time-compression", type=float, default=16.0, help="trace time divided by this")
     parser.add_argument("--max-output-tokens", type=int, default=256)
@@ -120,6 +128,7 @@ def main(argv: list[str]) -> int:
     print("| window | seed | " + " | ".join(p.name for p in chosen) + " | conditional >= best other |")
     print("|---" * (len(chosen) + 3) + "|")
     goodputs: dict[str, list[float]] = {p.name: [] for p in chosen}
+    windows: dict[int, list[dict[str, float]]] = {}
     for start in _ints(args.starts):
         for seed in _ints(args.seeds):
             params = TraceReplayParams(
@@ -131,6 +140,7 @@ def main(argv: list[str]) -> int:
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_output_tokens=args.max_output_tokens,
                 seed=seed,
+                arrival_jitter_ms=args.arrival_jitter_ms,
             )
             requests = generate(params)
             cells = []
@@ -146,8 +156,33 @@ def main(argv: list[str]) -> int:
                 cells.append(f"{window[policy.name]:.1f} ({sim.pd.split})")
                 print(f"  {start}/{seed} {policy.name}: {time.perf_counter() - started:.1f} s", flush=True)
             print(f"| {start} | {seed} | " + " | ".join(cells) + f" | {_verdict(window)} |", flush=True)
+            windows.setdefault(start, []).append(window)
     print("| mean (sd) | | " + " | ".join(_mean_sd(goodputs[p.name]) for p in chosen) + " | |")
+    if len(_ints(args.seeds)) > 1:
+        print("\n" + "\n".join(seed_summary(windows)))
     return 0
+
+
+def seed_summary(windows: dict[int, list[dict[str, float]]]) -> list[str]:
+    """Per window over its seeds, each conditional fleet against the bar: the paired difference
+    from the better of aggregated and always-disaggregate (by seed mean), with its 95 % t-interval,
+    and whether it is at the bar (``level``: within the noise), ``ahead`` or ``behind`` beyond it."""
+    lines = [
+        "| window | seeds | bar | conditional fleet | conditional - bar, mean [95 % interval] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for start, seeds in windows.items():
+        others = [name for name in seeds[0] if name == "aggregated" or name.startswith("always")]
+        if not others:
+            continue
+        bar = max(others, key=lambda name: statistics.fmean(seed[name] for seed in seeds))
+        for name in (name for name in seeds[0] if name.startswith("kvgate conditional")):
+            interval = paired_interval([seed[name] - seed[bar] for seed in seeds])
+            lines.append(
+                f"| {start} | {len(seeds)} | {bar} | {name} | {interval.mean:+.1f} "
+                f"[{interval.low:+.1f}, {interval.high:+.1f}] | {interval.verdict(better=1)} |"
+            )
+    return lines
 
 
 def contender_for(policy: Policy, routing: dict) -> Contender:

@@ -4,10 +4,18 @@ Each 512-token hash id becomes a fixed block of ``block_tokens`` pseudo-random t
 by the id, so two requests whose ``hash_ids`` start alike share exactly that many blocks of
 prompt prefix, as in production. Lengths scale by ``block_tokens / 512`` (a partial last block
 stays partial) and timestamps are divided by ``time_compression``.
+
+The published conversation trace writes its timestamps in steps of about 3 s (1,180 distinct
+timestamps for 12,031 requests, every gap between them 2,997-3,003 ms), so replayed as written
+each step's ten-odd requests arrive in one instant, and a replay in virtual time is the same run
+whatever the seed. ``arrival_jitter_ms`` spreads each request over its step instead: its arrival
+moves later by a uniform draw seeded by ``seed``, so seeds differ in arrival order and timing
+within the trace's resolution, and simulated results get a spread to compare against.
 """
 
 import itertools
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,27 +44,36 @@ class TraceReplayParams:
     """Longer (scaled) prompts are cut here, keeping their prefix; the engines' context is 8,192."""
     max_output_tokens: int = 32
     seed: int = 0
-    """Mixed into every block's seed, so different seeds give different (equally shaped) token ids."""
+    """Mixed into every block's seed, so different seeds give different (equally shaped) token ids;
+    also seeds ``arrival_jitter_ms``."""
+    arrival_jitter_ms: float = 0.0
+    """Each arrival moves later by a uniform draw in [0, this) of trace milliseconds (before
+    ``time_compression``): the trace's timestamp resolution, 3,000 for the conversation trace and
+    1 for the synthetic one (module docstring). 0: arrivals exactly as written."""
 
 
 def generate(params: TraceReplayParams, vocab: Sequence[int] = DEFAULT_VOCAB) -> list[BenchRequest]:
     if not params.trace_file:
         raise ValueError("trace replay needs trace_file")
     records = read_trace(Path(params.trace_file), params.max_requests, params.start)
+    if params.arrival_jitter_ms < 0:
+        raise ValueError("arrival_jitter_ms must be >= 0")
     blocks: dict[int, tuple[int, ...]] = {}
     first_timestamp = records[0]["timestamp"] if records else 0
+    jitter = random.Random(params.seed)
     requests = []
     for index, record in enumerate(records):
+        arrival_ms = record["timestamp"] - first_timestamp + jitter.uniform(0.0, params.arrival_jitter_ms)
         requests.append(
             BenchRequest(
                 request_id=f"trace-{index}",
                 session_id=f"trace-{index}",
-                arrival_s=(record["timestamp"] - first_timestamp) / 1000.0 / params.time_compression,
+                arrival_s=arrival_ms / 1000.0 / params.time_compression,
                 max_tokens=max(1, min(params.max_output_tokens, _scaled(record["output_length"], params.block_tokens))),
                 prompt_ids=trace_prompt(record, params, vocab, blocks),
             )
         )
-    return requests
+    return sorted(requests, key=lambda request: request.arrival_s)
 
 
 def read_trace(path: Path, max_requests: int, start: int = 0) -> list[dict]:

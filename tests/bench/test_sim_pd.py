@@ -6,7 +6,7 @@ from bench.cli import scaled_costs
 from bench.harness.contenders import Contender
 from bench.sim.sim_pd import PdSetup, PdVirtualFleet, split_roles
 from bench.sim.sim_pd_cli import main as simulate_pd_main
-from bench.sim.sim_pd_cli import transfer_s_per_token
+from bench.sim.sim_pd_cli import seed_summary, transfer_s_per_token
 from bench.sim.simulate import SimFleet
 from bench.workloads.types import BenchRequest
 from engine.sim.sim_runner import SMOLLM2_CPU
@@ -155,3 +155,23 @@ def test_a_queued_request_reports_the_clients_loose_bound_not_its_own_length() -
     replica.start_step = start_step  # type: ignore[method-assign]
     fleet.run(long_prompts(count=3))
     assert seen and set(seen) == {4096}
+
+
+def test_over_seeds_each_window_is_judged_by_its_paired_difference_from_the_better_bar() -> None:
+    windows = {
+        0: [
+            {"aggregated": 90.0, "always 2P:6D": 10.0, "kvgate conditional all both": 85.0},
+            {"aggregated": 91.0, "always 2P:6D": 11.0, "kvgate conditional all both": 87.0},
+            {"aggregated": 92.0, "always 2P:6D": 12.0, "kvgate conditional all both": 86.0},
+        ],
+        400: [
+            {"aggregated": 40.0, "always 2P:6D": 50.0, "kvgate conditional all both": 52.0},
+            {"aggregated": 41.0, "always 2P:6D": 50.0, "kvgate conditional all both": 49.0},
+        ],
+    }
+    header, _, behind, level = seed_summary(windows)
+    assert "95 % interval" in header
+    assert behind.startswith("| 0 | 3 | aggregated | kvgate conditional all both | -5.0 [")
+    assert behind.endswith("| behind |")
+    assert level.startswith("| 400 | 2 | always 2P:6D | kvgate conditional all both | +0.5 [")
+    assert level.endswith("| level |"), "the paired differences +2 and -1 straddle 0"

@@ -18,6 +18,7 @@ from bench.workloads.skew import generate as skew
 from bench.workloads.token_blocks import FIRST_ORDINARY_TOKEN, SMOLLM2_VOCAB_SIZE
 from bench.workloads.trace_replay import TraceReplayParams
 from bench.workloads.trace_replay import generate as trace_replay
+from bench.workloads.types import BenchRequest
 from normalize.config import NormalizeConfig
 from normalize.normalizer import Normalizer
 
@@ -130,6 +131,32 @@ def test_trace_mapping_preserves_shared_prefixes_exactly(tiny_trace: Path) -> No
     assert [r.max_tokens for r in (first, second, third, fourth)] == [5, 1, 32, 1]
     again = trace_replay(TraceReplayParams(trace_file=str(tiny_trace), block_tokens=64))
     assert again[0].prompt_ids == first.prompt_ids
+
+
+def test_arrival_jitter_spreads_each_request_within_its_step_seeded(tiny_trace: Path) -> None:
+    def replay(seed: int, jitter_ms: float) -> list[BenchRequest]:
+        return trace_replay(
+            TraceReplayParams(
+                trace_file=str(tiny_trace),
+                block_tokens=64,
+                time_compression=2.0,
+                seed=seed,
+                arrival_jitter_ms=jitter_ms,
+            )
+        )
+
+    written = {r.request_id: r for r in replay(0, 0.0)}
+    jittered = replay(0, 1000.0)
+    assert [r.arrival_s for r in jittered] == sorted(r.arrival_s for r in jittered)
+    for request in jittered:
+        exact = written[request.request_id]
+        assert request.prompt_ids == exact.prompt_ids and request.max_tokens == exact.max_tokens
+        assert exact.arrival_s <= request.arrival_s < exact.arrival_s + 0.5, "within 1,000 trace ms / 2"
+    assert [r.arrival_s for r in jittered] != [written[r.request_id].arrival_s for r in jittered]
+    assert [r.arrival_s for r in replay(0, 1000.0)] == [r.arrival_s for r in jittered]
+    assert [r.arrival_s for r in replay(1, 1000.0)] != [r.arrival_s for r in jittered]
+    with pytest.raises(ValueError, match="arrival_jitter_ms"):
+        replay(0, -1.0)
 
 
 def test_trace_blocks_are_fixed_per_hash_id_across_requests(tiny_trace: Path) -> None:
