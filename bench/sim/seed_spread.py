@@ -84,9 +84,9 @@ def compare(reports: Sequence[dict]) -> list[str]:
     lines = []
     for key in sorted(by_window):
         seeds = by_window[key]
+        peers = [name for name in seeds[0] if name.endswith("(modelled)")]
         cells = []
         for field, _, better, form in MEASURES:
-            peers = [name for name in seeds[0] if name.endswith("(modelled)")]
             best = max(peers, key=lambda name: better * statistics.fmean(seed[name][field] for seed in seeds))
             interval = paired_interval([seed[KVGATE][field] - seed[best][field] for seed in seeds])
             kvgate = statistics.fmean(seed[KVGATE][field] for seed in seeds)

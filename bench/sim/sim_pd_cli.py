@@ -172,7 +172,7 @@ def seed_summary(windows: dict[int, list[dict[str, float]]]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for start, seeds in windows.items():
-        others = [name for name in seeds[0] if name == "aggregated" or name.startswith("always")]
+        others = [name for name in seeds[0] if _is_bar(name)]
         if not others:
             continue
         bar = max(others, key=lambda name: statistics.fmean(seed[name] for seed in seeds))
@@ -196,7 +196,7 @@ def contender_for(policy: Policy, routing: dict) -> Contender:
 
 def _verdict(window: dict[str, float]) -> str:
     """Per conditional fleet: whether it reached the better of aggregated and the best always split."""
-    others = [value for name, value in window.items() if name == "aggregated" or name.startswith("always")]
+    others = [value for name, value in window.items() if _is_bar(name)]
     if not others:
         return "-"
     target = max(others)
@@ -206,6 +206,11 @@ def _verdict(window: dict[str, float]) -> str:
         if name.startswith("kvgate conditional")
     ]
     return ", ".join(verdicts) or "-"
+
+
+def _is_bar(policy: str) -> bool:
+    """The policies whose better one conditional P/D must reach: aggregated and always-disaggregate."""
+    return policy == "aggregated" or policy.startswith("always")
 
 
 def _mean_sd(values: list[float]) -> str:

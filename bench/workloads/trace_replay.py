@@ -55,9 +55,9 @@ class TraceReplayParams:
 def generate(params: TraceReplayParams, vocab: Sequence[int] = DEFAULT_VOCAB) -> list[BenchRequest]:
     if not params.trace_file:
         raise ValueError("trace replay needs trace_file")
-    records = read_trace(Path(params.trace_file), params.max_requests, params.start)
     if params.arrival_jitter_ms < 0:
         raise ValueError("arrival_jitter_ms must be >= 0")
+    records = read_trace(Path(params.trace_file), params.max_requests, params.start)
     blocks: dict[int, tuple[int, ...]] = {}
     first_timestamp = records[0]["timestamp"] if records else 0
     jitter = random.Random(params.seed)
