@@ -16,9 +16,11 @@ system prompts of that size, fresh questions: bench/micro/overhead.py's bodies) 
 
 Then, with ``--concurrent-tokens``, GIE#2928's case (220 KB prompts, 20 in flight):
 ``--latency-concurrency`` requests at once through the same three fronts, each request's latency
-under that concurrency, twice: every request with one long system prompt and a fresh question
-(GIE's repeated input, an agent's context), then every prompt distinct, so each is normalized and
-tokenized cold (kvgate's worst case: GIE's picker hashes bytes and never tokenizes).
+under that concurrency, three times: GIE#2928's own body on every request (220,000 characters of
+one sentence; its benchmark sends nothing else), then every request with one long system prompt
+(``--concurrent-tokens``) and a fresh question (an agent's context), then every prompt distinct, so
+each is normalized and tokenized cold (kvgate's worst case: GIE's picker hashes bytes and never
+tokenizes).
 
 Then picks per second: ``--concurrency`` streams doing the whole sequence with the smallest size
 for ``--seconds``; the picker has one core, the client (a Python process) shares the other, so
@@ -200,7 +202,7 @@ async def in_process_picks_per_second(config_path: Path, bodies: Sequence[bytes]
         while time.perf_counter() - started < seconds:
             chosen = await pick(gateway, headers, bodies[done % len(bodies)], None, 0, f"req-{done}")
             chosen.sent()
-            await chosen.settle(UpstreamOutcome(status=200, completed=True))
+            await chosen.settle(UpstreamOutcome(status=200, first_token_at=time.perf_counter(), completed=True))
             done += 1
         return done / (time.perf_counter() - started)
     finally:
@@ -357,7 +359,32 @@ async def _measure(
     return rows, rate
 
 
-CONCURRENT_KINDS = ("one shared system prompt, fresh questions", "every prompt distinct")
+CONCURRENT_KINDS = (
+    "one identical body (GIE#2928's own)",
+    "one shared system prompt, fresh questions",
+    "every prompt distinct",
+)
+GIE_INPUT_CHARS = 220_000
+"""The user message of GIE#2928's benchmark: its epp-bench (yankay/gateway-api-inference-extension,
+bench/epp-bench/main.go) sends one body every time, a short system prompt and this many characters
+of one English sentence repeated."""
+
+
+def gie_body(chars: int = GIE_INPUT_CHARS) -> bytes:
+    """The body GIE#2928's benchmark sends on every request (its ``buildChatCompletionsBody``)."""
+    sentence = "The quick brown fox jumps over the lazy dog. "
+    user = (sentence * (chars // len(sentence) + 1))[:chars]
+    messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": user}]
+    return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": 1, "stream": False})
+
+
+def concurrent_bodies(tokenizer: ChatTokenizer, kind: str, count: int, size: int, front: int) -> list[bytes]:
+    """``count`` bodies of one kind (CONCURRENT_KINDS) for one front; each front gets its own texts
+    (but GIE's, which is the same everywhere, as in its benchmark)."""
+    if kind == CONCURRENT_KINDS[0]:
+        return [gie_body()] * count
+    systems = 1 if kind == CONCURRENT_KINDS[1] else count
+    return chat_bodies(tokenizer, count, size, seed=size + front, distinct_systems=systems)
 
 
 async def _measure_concurrent(
@@ -368,11 +395,9 @@ async def _measure_concurrent(
     system prompt, or shares nothing), then measured on bodies it has not seen."""
     size, count, concurrency = args.concurrent_tokens, args.concurrent_requests, args.latency_concurrency
     measured = []
-    for kind, systems in zip(CONCURRENT_KINDS, (1, count + 1), strict=True):
+    for kind in CONCURRENT_KINDS:
         print(f"-- {size} tokens, {concurrency} in flight, {kind}", flush=True)
-        bodies = [
-            chat_bodies(tokenizer, count + 1, size, seed=size + front, distinct_systems=systems) for front in range(3)
-        ]
+        bodies = [concurrent_bodies(tokenizer, kind, count + 1, size, front) for front in range(3)]
         await _answers_200(gateway_url, bodies[1][-1])
         await epp_latencies(target, bodies[2][-1:])
         fronts = [front[:count] for front in bodies]

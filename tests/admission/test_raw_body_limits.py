@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.admission.config import LimitsConfig
-from gateway.admission.input_limits import _counts_outside_strings, check_input, check_raw_body
+from gateway.admission.input_limits import _byte_counts, _counts_outside_strings, check_input, check_raw_body
 from gateway.errors import OpenAIError
 
 LIMITS = LimitsConfig(max_json_containers=100, max_tools=2)
@@ -79,3 +79,11 @@ def test_too_many_tools_are_refused() -> None:
     with pytest.raises(OpenAIError) as error:
         check_input({"messages": [], "tools": [tool] * 3}, LIMITS)
     assert error.value.param == "tools" and error.value.code == "too_many_tools"
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=300)
+def test_the_vectorized_byte_counts_are_the_counts_of_each_byte(raw: bytes) -> None:
+    containers, commas, keys = _byte_counts(raw)
+    assert containers == raw.count(b"{") + raw.count(b"[")
+    assert (commas, keys) == (raw.count(b","), raw.count(b":"))
