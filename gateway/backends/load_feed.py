@@ -1,5 +1,5 @@
 """Where a replica's load reports come from: its load socket (bundled engine), its /stats, or
-its Prometheus /metrics (vLLM), each turned into one ``ReplicaLoad``.
+its Prometheus /metrics (vLLM, SGLang), each turned into one ``ReplicaLoad``.
 
 The HTTP reads send the replica's upstream headers (API key, extra headers), as proxied
 requests do: a remote upstream may require them on every path."""
@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 import zmq
@@ -19,13 +20,30 @@ from protocol.replica_stats import ReplicaLoad, ReplicaStats, decode_load, decod
 
 log = logging.getLogger("kvgate.backends")
 
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-"""vLLM's KV usage gauge: the first name in current releases, the second in older ones."""
-PROCESS_START = "process_start_time_seconds"
-"""prometheus_client's process collector: the server's start time, where its registry has one
-(vLLM with one API server; not in Prometheus multiprocess mode)."""
+
+@dataclass(frozen=True)
+class LoadGauges:
+    """An engine's Prometheus gauges for its running and waiting requests and its KV usage (0-1)."""
+
+    running: str
+    waiting: str
+    kv_usage: tuple[str, ...]
+    """The first of these names the engine exports (releases renamed it)."""
+
+
+VLLM = LoadGauges(
+    "vllm:num_requests_running", "vllm:num_requests_waiting", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+)
+SGLANG = LoadGauges("sglang:num_running_reqs", "sglang:num_queue_reqs", ("sglang:token_usage",))
+"""SGLang's scheduler gauges (``--enable-metrics``; python/sglang/srt/metrics/collector.py and
+docs/references/production_metrics.md in sgl-project/sglang): ``token_usage`` is the share of its
+KV token pool in use."""
+ENGINES = (VLLM, SGLANG)
+COUNTED = frozenset(name for engine in ENGINES for name in (engine.running, engine.waiting))
+"""Request counts: summed over label sets (vLLM's data-parallel engines, SGLang's data-parallel schedulers)."""
+HIGHEST = frozenset({name for engine in ENGINES for name in engine.kv_usage} | {"process_start_time_seconds"})
+"""KV usage and prometheus_client's ``process_start_time_seconds`` (where the registry has one: vLLM
+with one API server; neither engine in Prometheus multiprocess mode): the highest over label sets."""
 
 
 class LoadFeed:
@@ -87,10 +105,11 @@ async def read_stats(
         return None
 
 
-async def read_vllm_load(
+async def read_metrics_load(
     session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout, headers: dict[str, str]
 ) -> ReplicaLoad | None:
-    """Running and waiting requests and KV usage from vLLM's /metrics, or None when it exports none."""
+    """Running and waiting requests and KV usage from a vLLM or SGLang /metrics, or None when it
+    exports neither engine's gauges."""
     body = await _get(session, f"{url}/metrics", timeout, headers)
     if body is None:
         return None
@@ -98,28 +117,28 @@ async def read_vllm_load(
         samples = _gauges(body.decode(errors="replace"))
     except ValueError:
         return None
-    if VLLM_RUNNING not in samples or VLLM_WAITING not in samples:
+    engine = next((engine for engine in ENGINES if engine.running in samples and engine.waiting in samples), None)
+    if engine is None:
         return None
-    usage = next((samples[name] for name in VLLM_KV_USAGE if name in samples), None)
     return ReplicaLoad(
         ts=time.time(),
-        running=int(samples[VLLM_RUNNING]),
-        waiting=int(samples[VLLM_WAITING]),
-        kv_cache_usage=usage,
-        started_at=samples.get(PROCESS_START),
+        running=int(samples[engine.running]),
+        waiting=int(samples[engine.waiting]),
+        kv_cache_usage=next((samples[name] for name in engine.kv_usage if name in samples), None),
+        started_at=samples.get("process_start_time_seconds"),
     )
 
 
 def _gauges(text: str) -> dict[str, float]:
-    """vLLM's load gauges over their label sets (data-parallel ranks, models): request counts
-    summed, KV usage (and the start time) the highest."""
+    """The load gauges over their label sets (data-parallel ranks, models): request counts summed,
+    KV usage and the start time the highest."""
     gauges: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            if name in (VLLM_RUNNING, VLLM_WAITING):
+            if name in COUNTED:
                 gauges[name] = gauges.get(name, 0.0) + sample.value
-            elif name in VLLM_KV_USAGE or name == PROCESS_START:
+            elif name in HIGHEST:
                 gauges[name] = max(gauges.get(name, 0.0), sample.value)
     return gauges
 

@@ -10,7 +10,7 @@ import aiohttp
 
 from gateway.admission.kv_blocks import fits
 from gateway.backends.circuit_breaker import CircuitBreaker
-from gateway.backends.load_feed import LoadFeed, read_stats, read_vllm_load
+from gateway.backends.load_feed import LoadFeed, read_metrics_load, read_stats
 from gateway.backends.load_view import LoadView, SentRequest
 from gateway.backends.secret_redaction import Redactor, backend_secrets, redactor_for
 from gateway.config import BackendSpec, HealthConfig
@@ -299,13 +299,13 @@ class BackendPool:
         timeout: aiohttp.ClientTimeout,
         headers: dict[str, str],
     ) -> None:
-        """Stats from /stats (bundled engine), else load from /metrics (vLLM); a report for the load view
+        """Stats from /stats (bundled engine), else load from /metrics (vLLM, SGLang); a report for the load view
         unless its load socket reports far more often. ``headers``: the replica's upstream headers."""
         url = backend.spec.url
         backend.reported = await read_stats(session, url, timeout, headers)
         report: ReplicaLoad | None = backend.reported
         if report is None:
-            report = await read_vllm_load(session, url, timeout, headers)
+            report = await read_metrics_load(session, url, timeout, headers)
         if report is not None:
             self._note_start(backend, report.started_at)
         if report is not None and backend.spec.load_events is None:

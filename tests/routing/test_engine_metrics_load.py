@@ -1,4 +1,4 @@
-"""A vLLM backend's load comes from its Prometheus /metrics at each health check."""
+"""A vLLM or SGLang backend's load comes from its Prometheus /metrics at each health check."""
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +25,26 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
 """
 
+SGLANG_METRICS = """\
+# HELP sglang:num_running_reqs The number of running requests
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="0"} 6.0
+sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 1.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",model_name="m",tp_rank="0"} 2.0
+sglang:num_queue_reqs{dp_rank="1",model_name="m",tp_rank="0"} 0.0
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",model_name="m",tp_rank="0"} 0.75
+sglang:token_usage{dp_rank="1",model_name="m",tp_rank="0"} 0.125
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{dp_rank="0",model_name="m",tp_rank="0"} 8.128902e+06
+"""
+"""SGLang's scheduler gauges as its docs/references/production_metrics.md shows them, from two
+data-parallel schedulers (each exports its own series)."""
+
 
 async def health(request: web.Request) -> web.Response:
     return web.Response(text="")
@@ -35,10 +55,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 @asynccontextmanager
-async def vllm_pool(
+async def metrics_pool(
     metrics_handler: Callable[[web.Request], Awaitable[web.Response]],
 ) -> AsyncIterator[BackendPool]:
-    """A pool with one backend, "vllm", served on loopback by ``metrics_handler`` for /metrics."""
+    """A pool with one backend, "replica", served on loopback by ``metrics_handler`` for /metrics."""
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler)
@@ -47,7 +67,9 @@ async def vllm_pool(
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        yield BackendPool.from_specs([(BackendSpec(name="vllm", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig())
+        yield BackendPool.from_specs(
+            [(BackendSpec(name="replica", url=f"http://127.0.0.1:{port}"), "m")], HealthConfig()
+        )
     finally:
         await runner.cleanup()
 
@@ -57,15 +79,33 @@ def test_vllm_metrics_give_the_replicas_total_load() -> None:
 
 
 async def scenario() -> None:
-    async with vllm_pool(metrics) as pool:
+    async with metrics_pool(metrics) as pool:
         async with aiohttp.ClientSession() as session:
             await pool.check_all(session)
-        backend = pool.backends["vllm"]
+        backend = pool.backends["replica"]
         with backend.occupy(prefill_tokens=120, kv_blocks=0):
             state = backend.state()
             assert (state.num_running, state.num_waiting) == (5, 5), "4 waiting there, and this gateway's new one"
             assert state.queued_prefill_tokens == 120, "vLLM does not report queued prompt tokens: own ones only"
             assert state.kv_usage == 0.5
+
+
+def test_sglang_metrics_give_the_replicas_total_load() -> None:
+    asyncio.run(sglang_scenario())
+
+
+async def sglang_scenario() -> None:
+    async def sglang_metrics(request: web.Request) -> web.Response:
+        return web.Response(text=SGLANG_METRICS, content_type="text/plain")
+
+    async with metrics_pool(sglang_metrics) as pool:
+        async with aiohttp.ClientSession() as session:
+            await pool.check_all(session)
+        backend = pool.backends["replica"]
+        assert backend.reported is None, "no /stats: not a bundled engine"
+        state = backend.state()
+        assert (state.num_running, state.num_waiting) == (7, 2), "both schedulers' requests"
+        assert state.kv_usage == 0.75, "the fuller scheduler's pool"
 
 
 def test_a_later_process_start_time_is_a_restart_reported_once() -> None:
@@ -82,7 +122,7 @@ async def restart_scenario() -> None:
         started = f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {next(start_times)}\n"
         return web.Response(text=VLLM_METRICS + started, content_type="text/plain")
 
-    async with vllm_pool(restarting_metrics) as pool:
+    async with metrics_pool(restarting_metrics) as pool:
         restarted: list[str] = []
         pool.on_restarted = restarted.append
         async with aiohttp.ClientSession() as session:
@@ -91,4 +131,4 @@ async def restart_scenario() -> None:
                 await pool.check_all(session)
                 seen.append(len(restarted))
         assert seen == [0, 0, 1, 1, 1, 1]
-        assert restarted == ["vllm"] and pool.backends["vllm"].restarts == 1
+        assert restarted == ["replica"] and pool.backends["replica"].restarts == 1
