@@ -94,6 +94,20 @@ async def runaway() -> AsyncIterator[RunawayBackend]:
     await runner.cleanup()
 
 
+async def wait_closed(backend: RunawayBackend, requests: int) -> None:
+    """Wait, with the gateway still up, until the backend recorded `requests` ended streams.
+
+    The backend's handler learns of the hang-up at its next write, after the client's answer
+    is already in hand. A full runaway stream lasts over CHUNKS * 2 ms, so a gateway that never
+    closed the upstream records CHUNKS here and fails the caller's check.
+    """
+    for _ in range(400):
+        if len(backend.sent) >= requests:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"the backend ended {len(backend.sent)} of {requests} streams")
+
+
 async def wait_healthy(session: aiohttp.ClientSession, gateway_url: str) -> None:
     for _ in range(400):
         if (await get_json(session, f"{gateway_url}/health"))["healthy_backends"]:
@@ -120,6 +134,7 @@ async def test_a_stream_past_the_granted_cap_is_ended_by_the_gateway(tmp_path: P
             prompt = {"model": MODEL, "prompt": "Story:", "max_completion_tokens": 1}
             status, events = await stream(session, f"{gateway.url}/v1/completions", prompt)
             assert status == 200 and sum(bool(event["choices"][0]["text"]) for event in events[:-1]) == 1
+        await wait_closed(runaway, 2)
     finally:
         await asyncio.to_thread(running.__exit__, None, None, None)
     assert len(runaway.sent) == 2 and max(runaway.sent) < CHUNKS, "the gateway closed the runaway upstream"
@@ -139,6 +154,7 @@ async def test_a_responses_stream_past_the_granted_cap_is_ended_by_the_gateway(
             async with session.post(f"{gateway.url}/v1/responses", json=body) as response:
                 assert response.status == 200
                 raw = await response.read()
+        await wait_closed(runaway, 1)
     finally:
         await asyncio.to_thread(running.__exit__, None, None, None)
     events = [orjson.loads(line[len(b"data: ") :]) for line in raw.splitlines() if line.startswith(b"data: ")]
