@@ -80,7 +80,7 @@ class Normalizer:
 
     async def apply_async(self, body: dict[str, Any], *, responses: bool = False) -> NormalizedRequest:
         """``apply``, on a worker thread when the body is large."""
-        if self.config.enabled and _is_large(body):
+        if self.config.enabled and self._is_large(body, responses):
             return await asyncio.to_thread(self.apply, body, responses=responses)
         return self.apply(body, responses=responses)
 
@@ -162,6 +162,33 @@ class Normalizer:
             text = _applied(name, rule, text, changed)
         return text, values
 
+    def _is_large(self, body: dict[str, Any], responses: bool) -> bool:
+        """Whether the texts the rules read are longer than ``OFFLOAD_CHARS`` together (or the tools
+        many): the messages of the normalized roles, a completions prompt where configured, a
+        Responses body's instructions and input. A long message of another role (a user's pasted
+        document) is never read, so it costs the loop nothing and a thread hop here would."""
+        tools = body.get("tools")
+        if isinstance(tools, list) and len(tools) > OFFLOAD_TOOLS:
+            return True
+        chars = sum(_text_chars(message.get("content")) for message in self._ruled(body.get("messages")))
+        prompt = body.get("prompt")
+        if self.config.completions_prompt and isinstance(prompt, str):
+            chars += len(prompt)
+        if responses:
+            chars += _text_chars(body.get("instructions")) if "system" in self._roles else 0
+            items = body.get("input")
+            if isinstance(items, str):
+                chars += len(items) if "user" in self._roles else 0
+            else:
+                chars += sum(_text_chars(item.get("content")) for item in self._ruled(items))
+        return chars > OFFLOAD_CHARS
+
+    def _ruled(self, messages: Any) -> list[dict[str, Any]]:
+        """The messages (or Responses input items) the rules read: those of a normalized role."""
+        if not isinstance(messages, list):
+            return []
+        return [message for message in messages if isinstance(message, dict) and message.get("role") in self._roles]
+
     def _tools(self, tools: list[Any], changed: set[str]) -> list[Any]:
         canonical = tools
         if self.config.rules.canonical_tools and not keys_sorted(tools):
@@ -173,20 +200,6 @@ class Normalizer:
                 canonical = ordered
                 changed.add("sort_tools")
         return canonical
-
-
-def _is_large(body: dict[str, Any]) -> bool:
-    """Whether the texts the rules may touch are longer than ``OFFLOAD_CHARS`` together (or the tools many)."""
-    tools = body.get("tools")
-    if isinstance(tools, list) and len(tools) > OFFLOAD_TOOLS:
-        return True
-    chars = 0
-    for key in ("instructions", "input", "prompt"):
-        chars += _text_chars(body.get(key))
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        chars += sum(_text_chars(message.get("content")) for message in messages if isinstance(message, dict))
-    return chars > OFFLOAD_CHARS
 
 
 def _text_chars(value: Any) -> int:

@@ -197,7 +197,7 @@ class SegmentTokenizer:
         if text.isascii():
             size = self._kept_chars(text)
         else:
-            size = len(text.encode("utf-8", "surrogatepass").translate(None, self._dropped_bytes))
+            size = _length_without(text.encode("utf-8", "surrogatepass"), self._dropped_bytes)
         return math.ceil(size / self.longest_token_bytes)
 
     def min_chat_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
@@ -215,13 +215,12 @@ class SegmentTokenizer:
         return math.ceil(chars / self.longest_token_bytes)
 
     def _kept_chars(self, text: str) -> int:
-        """Characters of ``text`` but the ASCII ones the tokenizer drops. Counted on its UTF-8 bytes in
-        one pass: a byte below 0x80 there is always an ASCII character (a pass per dropped character
-        cost 0.4 ms on a 220 KB prompt)."""
+        """Characters of ``text`` but the ASCII ones the tokenizer drops, counted on its UTF-8 bytes: a
+        byte below 0x80 there is always an ASCII character."""
         if not self._dropped_ascii:
             return len(text)
         encoded = text.encode("utf-8", "surrogatepass")
-        return len(text) - (len(encoded) - len(encoded.translate(None, self._dropped_ascii)))
+        return len(text) - (len(encoded) - _length_without(encoded, self._dropped_ascii))
 
     def _splittable_special_tokens(self) -> dict[str, int]:
         """Added tokens matched verbatim with no whitespace stripping: cutting at them is what the
@@ -454,3 +453,11 @@ class SegmentTokenizer:
             elif piece:
                 token_ids.extend(ids_of[keys[index // 2]])
         return token_ids
+
+
+def _length_without(encoded: bytes, dropped: bytes) -> int:
+    """``len(encoded.translate(None, dropped))``, deleting only the dropped bytes the text holds: text
+    seldom holds any, and a memchr per byte value (2 us on 220 KB) finds that before a translate
+    (90 us) would run."""
+    present = bytes(value for value in dropped if encoded.find(value) >= 0)
+    return len(encoded.translate(None, present)) if present else len(encoded)

@@ -202,3 +202,26 @@ async def test_a_large_body_is_normalized_on_a_worker_thread_with_the_same_resul
     await normalizer.apply_async(large)
     await normalizer.apply_async(small)
     assert threads[0] != threading.main_thread().name and threads[1] == threading.main_thread().name
+
+
+async def test_only_text_the_rules_read_sends_a_body_to_a_worker_thread() -> None:
+    """A long message of a role the rules leave alone (a pasted document) stays on the loop, where
+    it costs nothing; the same text in a normalized role, or a Responses input of one, goes off it."""
+    long = "Read this. " * 4_000
+    normalizer = Normalizer(NormalizeConfig(roles=["system"]))
+    threads: list[str] = []
+    original = normalizer.apply
+
+    def recording(request: dict, *, responses: bool = False) -> object:
+        threads.append(threading.current_thread().name)
+        return original(request, responses=responses)
+
+    normalizer.apply = recording  # type: ignore[method-assign]
+    responses_input = {"model": "m", "input": [{"role": "system", "content": [{"type": "input_text", "text": long}]}]}
+    await normalizer.apply_async(body(user=long))
+    await normalizer.apply_async({"model": "m", "input": long}, responses=True)
+    await normalizer.apply_async(body(system=long))
+    await normalizer.apply_async(responses_input, responses=True)
+    await normalizer.apply_async({"model": "m", "instructions": long, "input": "Hi"}, responses=True)
+    on_loop = [thread == threading.main_thread().name for thread in threads]
+    assert on_loop == [True, True, False, False, False]

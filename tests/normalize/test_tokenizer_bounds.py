@@ -104,3 +104,21 @@ def test_characters_the_tokenizer_drops_count_for_no_token(chat_tokenizer: ChatT
     mixed = ("é東" + dropped) * 500
     kept = -(-1000 // tokenizer.longest_token_bytes)
     assert tokenizer.min_chat_tokens([{"role": "user", "content": mixed}]) == kept, "characters, not bytes, kept"
+
+
+DROPPED_ASCII = "\x04\x06\x13\x14\x16\x1d"
+"""SmolLM2's dropped ASCII characters; U+50000 encodes with a lead byte (0xF1) it drops too."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(["x", "é", "東", "\U00050000", *DROPPED_ASCII]), max_size=300))
+def test_dropped_characters_are_discounted_whichever_of_them_a_text_holds(
+    segment_tokenizer: SegmentTokenizer, text: str
+) -> None:
+    """Only the dropped byte values the text holds are deleted before counting: any subset of them
+    discounts exactly what deleting all of them would."""
+    longest = segment_tokenizer.longest_token_bytes
+    kept_chars = len(text) - sum(text.count(character) for character in DROPPED_ASCII)
+    assert segment_tokenizer.min_chat_tokens([{"role": "user", "content": text}]) == -(-kept_chars // longest)
+    kept_bytes = len(text.encode("utf-8").translate(None, DROPPED_ASCII.encode() + b"\xf1\xf2"))
+    assert segment_tokenizer.min_tokens(text) == -(-kept_bytes // longest)
