@@ -145,11 +145,12 @@ async def epp_latencies(target: str, bodies: Sequence[bytes]) -> tuple[list[floa
 
 
 async def concurrent_epp_latencies(
-    target: str, bodies: Sequence[bytes], concurrency: int, connections: int = 1
+    target: str, bodies: Sequence[bytes], concurrency: int, connections: int = 1, warm: Sequence[bytes] = ()
 ) -> tuple[list[float], list[float]]:
     """Each request's pick and added time through the picker with ``concurrency`` streams at once,
     spread over ``connections`` TCP connections (as Envoy's worker threads each hold one; the
-    kernel gives each connection to one picker worker)."""
+    kernel gives each connection to one picker worker); ``warm`` goes first on the same
+    connections, not measured."""
     semaphore = asyncio.Semaphore(concurrency)
     async with AsyncExitStack() as stack:
         stubs = [
@@ -165,6 +166,7 @@ async def concurrent_epp_latencies(
             async with semaphore:
                 return await epp_request(stubs[index % connections], body)
 
+        await asyncio.gather(*(one(index, body) for index, body in enumerate(warm)))
         timings = await asyncio.gather(*(one(index, body) for index, body in enumerate(bodies)))
     return [pick for pick, _ in timings], [added for _, added in timings]
 
@@ -395,19 +397,20 @@ async def _measure_concurrent(
     backend_url: str, gateway_url: str, target: str, tokenizer: ChatTokenizer, args: argparse.Namespace
 ) -> list[tuple[LatencyRow, float]]:
     """GIE#2928's case at ``--latency-concurrency``: per kind of prompts (CONCURRENT_KINDS), the row
-    and the mean KB of a body. Each front is warmed by one more body of the kind (it shares the
-    system prompt, or shares nothing), then measured on bodies it has not seen."""
+    and the mean KB of a body. Each front first gets a wave of as many more bodies of the kind at
+    once, unmeasured, on the connections the measured requests then use (as a data plane's are
+    long-lived; unwarmed, the slowest of 100 requests were the first wave's connection set-up),
+    then the bodies it has not seen: those share the system prompt, or share nothing."""
     size, count, concurrency = args.concurrent_tokens, args.concurrent_requests, args.latency_concurrency
     measured = []
     for kind in CONCURRENT_KINDS:
         print(f"-- {size} tokens, {concurrency} in flight, {kind}", flush=True)
-        bodies = [concurrent_bodies(tokenizer, kind, count + 1, size, front) for front in range(3)]
+        bodies = [concurrent_bodies(tokenizer, kind, count + concurrency, size, front) for front in range(3)]
         await _answers_200(gateway_url, bodies[1][-1])
-        await epp_latencies(target, bodies[2][-1:])
-        fronts = [front[:count] for front in bodies]
-        direct = await concurrent_latencies(backend_url, fronts[0], concurrency)
-        through_gateway = await concurrent_latencies(gateway_url, fronts[1], concurrency)
-        picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency, args.connections)
+        fronts, warm = [front[:count] for front in bodies], [front[count:] for front in bodies]
+        direct = await concurrent_latencies(backend_url, fronts[0], concurrency, warm[0])
+        through_gateway = await concurrent_latencies(gateway_url, fronts[1], concurrency, warm[1])
+        picks, epp_added = await concurrent_epp_latencies(target, fronts[2], concurrency, args.connections, warm[2])
         row = latency_row(size, direct, through_gateway, picks, epp_added)
         measured.append((row, float(np.mean([len(body) for body in fronts[2]])) / 1000.0))
     return measured

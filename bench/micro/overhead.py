@@ -73,8 +73,11 @@ def chat_bodies(
     ]
 
 
-async def concurrent_latencies(url: str, bodies: Sequence[bytes], concurrency: int) -> list[float]:
-    """Each request's latency with ``concurrency`` in flight at once."""
+async def concurrent_latencies(
+    url: str, bodies: Sequence[bytes], concurrency: int, warm: Sequence[bytes] = ()
+) -> list[float]:
+    """Each request's latency with ``concurrency`` in flight at once; ``warm`` is sent first, all at
+    once on the same connections and not measured, so the measured requests find them open."""
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(http: aiohttp.ClientSession, body: bytes) -> float:
@@ -85,6 +88,7 @@ async def concurrent_latencies(url: str, bodies: Sequence[bytes], concurrency: i
             return time.perf_counter() - started
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(one(http, body) for body in warm))
         return list(await asyncio.gather(*(one(http, body) for body in bodies)))
 
 
