@@ -84,10 +84,26 @@ class CacheTracker:
         matched = dict(found.depths)
         if len(self.speculative):
             self._expire_speculative()
-            for replica, blocks in self.speculative.match(hashes).items():
+            for replica, blocks in self._speculative_depths(hashes, matched).items():
                 if blocks > matched.get(replica, 0):
                     matched[replica] = blocks
         return matched, found
+
+    def _speculative_depths(self, hashes: list[int], stored: dict[str, int]) -> dict[str, int]:
+        """Per replica, how far its speculative entries carry the prompt: from the first block, and
+        on from the end of what its KV events have stored (``stored``). An event settles the blocks it
+        stores, dropping their speculative entries, so a prompt prefilled in chunks has its first
+        chunks in the index and the rest speculative only: the rest continues the stored part, or
+        a request arriving mid-prefill would see only what was stored so far. A block hash chains
+        its prefix, so matching from a later block is matching the same chain."""
+        depths = self.speculative.match(hashes)
+        for start in set(stored.values()):
+            if start >= len(hashes):
+                continue
+            for replica, blocks in self.speculative.match(hashes[start:]).items():
+                if stored.get(replica) == start:
+                    depths[replica] = max(depths.get(replica, 0), start + blocks)
+        return depths
 
     def host_blocks(self, hashes: list[int], matched: dict[str, int]) -> dict[str, int]:
         """Of each replica's matched blocks (``match``'s result), those only in its host tier."""

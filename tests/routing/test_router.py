@@ -11,6 +11,7 @@ from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
 from radix.hashing import hash_to_bytes
 from radix.kv_event_format import BlockStored, EventBatch, frames
+from radix.kv_event_ingest import KVEventApplier
 from tests.procs import free_port
 from tests.routing.helpers import BLOCK, MODEL, request, router, state, warm
 
@@ -100,6 +101,27 @@ def test_precise_mode_speculative_entries_expire() -> None:
     assert tracker.match(hashes) == {"a": 64}
     now[0] += 1.0
     assert tracker.match(hashes) == {}
+
+
+def test_a_prefill_stored_in_chunks_still_matches_whole_while_the_rest_is_computed() -> None:
+    """The engine's events for a prompt's first chunk settle those blocks (their speculative entries
+    go); the blocks still being computed stay speculative and continue the stored part, so a
+    request arriving mid-prefill sees the whole prefix on that replica, not the first chunk."""
+    specs = [ReplicaSpec("a", MODEL, "tcp://127.0.0.1:1", None), ReplicaSpec("b", MODEL, "tcp://127.0.0.1:2", None)]
+    tracker = CacheTracker(RoutingConfig(), BLOCK, specs, clock=lambda: 100.0)
+    routed = request(1)
+    tracker.record_routed(routed.block_hashes, "a")
+    applier = KVEventApplier(tracker.index, "a", MODEL, BLOCK, tracker.speculative, clock=lambda: 100.0)
+    first_chunk = BlockStored(
+        [hash_to_bytes(h) for h in routed.block_hashes[:16]], None, routed.token_ids[: 16 * BLOCK], BLOCK
+    )
+    applier.apply(EventBatch(100.0, [first_chunk]))
+    assert tracker.index.blocks("a") == 16
+    assert tracker.match(routed.block_hashes) == {"a": 64}
+    follow_up = request(1, request_id="follow-up")
+    assert tracker.match(follow_up.block_hashes) == {"a": 960 // BLOCK}, "the shared 960 tokens, past the stored chunk"
+    tracker.record_failed(routed.block_hashes, "a", 16)
+    assert tracker.match(routed.block_hashes) == {"a": 16}, "a request that fails leaves only what was stored"
 
 
 async def test_precise_mode_routes_on_published_kv_events() -> None:
