@@ -97,9 +97,12 @@ class CacheTracker:
         a request arriving mid-prefill would see only what was stored so far. A block hash chains
         its prefix, so matching from a later block is matching the same chain."""
         depths = self.speculative.match(hashes)
-        for start in set(stored.values()):
-            if start >= len(hashes):
-                continue
+        continued = {
+            start
+            for replica, start in stored.items()
+            if start < len(hashes) and self.speculative.last_used(replica, hashes[start]) is not None
+        }
+        for start in continued:
             for replica, blocks in self.speculative.match(hashes[start:]).items():
                 if stored.get(replica) == start:
                     depths[replica] = max(depths.get(replica, 0), start + blocks)
