@@ -10,7 +10,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 # apt-get's package lists, refreshed unless an earlier step did so within the hour (one update, not one per package).
 APT_UPDATE = { test -n "$$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -60 2>/dev/null | head -1)" || apt-get update -qq; }
 
-.PHONY: install run test test-fast lint bench bench-tools browser redis dnsmasq clean
+.PHONY: install run test test-fast lint bench bench-tools browser redis dnsmasq dynamo clean
 
 # --no-compile: pip would byte-compile every installed module (all of torch and transformers), a
 # third of a fresh install (91 -> 58 s on the 2-core VM); Python compiles what it imports on first
@@ -41,7 +41,7 @@ run: install
 PYTEST = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(PY) -m pytest -q -p no:cacheprovider
 test: install
 	@( $(LINT) ) > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(MAKE) --no-print-directory browser redis dnsmasq; \
+	$(MAKE) --no-print-directory browser redis dnsmasq dynamo; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
 	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi
 	$(PYTEST) -n 2 --dist loadfile --durations=30
@@ -74,6 +74,17 @@ dnsmasq:
 	@if ! command -v dnsmasq >/dev/null 2>&1 && ! test -x /usr/sbin/dnsmasq && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		($(APT_UPDATE) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null) \
 		|| echo "dnsmasq could not be installed: the DNS discovery tests will skip"; \
+	fi
+
+# The peers folder `kvgate bench --peers` reads (bench/harness/contenders.py: $KVGATE_PEERS_DIR, else
+# beside the checkout). Dynamo's runtime-free KV router lives there in its own venv; the tests that
+# feed it the engine's KV events (tests/peers/) skip without it.
+PEERS := $(or $(KVGATE_PEERS_DIR),$(abspath $(CURDIR)/..)/peers)
+DYNAMO := ai-dynamo-runtime==1.6.1
+dynamo:
+	@if ! test -x $(PEERS)/dynamo/bin/python; then \
+		($(PYTHON) -m venv $(PEERS)/dynamo && $(PEERS)/dynamo/bin/pip install --quiet --no-compile $(DYNAMO)) \
+		|| { rm -rf $(PEERS)/dynamo; echo "$(DYNAMO) could not be installed: the Dynamo peer tests will skip"; }; \
 	fi
 
 # `kvgate bench throughput` drives the gateways with wrk in front of nginx as a compiled zero-latency
