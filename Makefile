@@ -41,7 +41,7 @@ run: install
 PYTEST = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(PY) -m pytest -q -p no:cacheprovider
 test: install
 	@( $(LINT) ) > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(MAKE) --no-print-directory browser redis dnsmasq dynamo; \
+	$(MAKE) --no-print-directory browser redis dnsmasq bench-tools dynamo; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; \
 	if [ $$linted -ne 0 ]; then echo "make test: the lint failed"; exit 1; fi
 	$(PYTEST) -n 2 --dist loadfile --durations=30
@@ -88,7 +88,8 @@ dynamo:
 	fi
 
 # `kvgate bench throughput` drives the gateways with wrk in front of nginx as a compiled zero-latency
-# backend; install both where apt-get can (without nginx it falls back to the Python backend).
+# backend; install both where apt-get can (without nginx it falls back to the Python backend). The
+# tests of that driver and backend (tests/bench/) skip without them.
 bench-tools:
 	@for tool in wrk:wrk nginx:nginx-light; do \
 		if ! command -v $${tool%%:*} >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
