@@ -29,11 +29,12 @@ DOCUMENT = " ".join(f"Clause {index}: the tenant keeps the garden at number {ind
 replica's decodes outweighs the transfer past ``stall_free_tokens``, 256), and short enough to prefill
 in a second or two on a CPU: every test here prefills it at least twice.
 
-The ``pd`` gateway weighs a decode stall at ``itl_weight: 1.0`` (default 0.1): at 0.1 the split
-beats a local prefill only below about 2,300 prompt tokens a second (its stall, 0.1 x 500 tokens /
-rate, must outweigh the transfer and the split's overhead, 22 ms), so on a faster CPU the decider
-rightly kept this prompt local and the tests that need a split failed; at 1.0 the bar is ten times
-higher than this model prefills on any CPU here."""
+The ``pd`` gateway's decider must split this prompt on any CPU, loaded or not, so it weighs a
+decode stall at ``itl_weight: 1.0`` (default 0.1: the split then wins only below about 2,300 prompt
+tokens a second, its stall of 0.1 x 500 tokens / rate against the transfer and the split's overhead,
+22 ms) and prices both engines at their mean prefill rate (``prefill_rate_spread``: on a loaded
+two-core machine one engine's reading can fall far below the other's, and the decider then rightly
+keeps the prompt on the faster one)."""
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Fleet:
     single: ManagedProcess
     pd: ManagedProcess
     """The gateway with role prefill and role decode backends."""
+    always: ManagedProcess
+    """The same with ``disaggregation.mode: always``: a split that no estimate can turn down."""
     aggregated: ManagedProcess
     """A gateway in front of ``single`` alone: the answer to compare with."""
     among_both: ManagedProcess
@@ -62,9 +65,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             {"name": "prefill", "url": prefill.url, "role": "prefill"},
             {"name": "decode", "url": decode.url, "role": "decode"},
         ],
-        "routing": {"disaggregation": {"itl_weight": 1.0}},
+        "routing": {"prefill_rate_spread": 100, "disaggregation": {"itl_weight": 1.0}},
         "health": health,
     }
+    always_config = {**pd_config, "listen": {"port": free_port()}, "routing": {"disaggregation": {"mode": "always"}}}
     aggregated_config = {
         "listen": {"port": free_port()},
         "model": MODEL,
@@ -78,10 +82,23 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "routing": {"disaggregation": {"mode": "always", "among_both": True}},
         "health": health,
     }
-    configs = {"pd": pd_config, "aggregated": aggregated_config, "among_both": among_both_config}
+    configs = {
+        "pd": pd_config,
+        "always": always_config,
+        "aggregated": aggregated_config,
+        "among_both": among_both_config,
+    }
     try:
         with gateways_for(tmp_path, configs) as gateways:
-            yield Fleet(prefill, decode, single, gateways["pd"], gateways["aggregated"], gateways["among_both"])
+            yield Fleet(
+                prefill,
+                decode,
+                single,
+                gateways["pd"],
+                gateways["always"],
+                gateways["aggregated"],
+                gateways["among_both"],
+            )
     finally:
         for engine in engines:
             engine.stop()
@@ -125,7 +142,7 @@ def test_a_long_uncached_prompt_disaggregates_and_answers_as_the_aggregated_engi
     split = ask(fleet.pd, messages)
     alone = ask(fleet.aggregated, messages)
     assert split.headers["x-kvgate-backend"] == "decode"
-    assert split.headers["x-kvgate-prefill-backend"] == "prefill"
+    assert split.headers.get("x-kvgate-prefill-backend") == "prefill", split.headers.get("x-kvgate-pd-estimate")
     assert "pd=disaggregated; prefill=prefill; decode=decode" in split.headers["x-kvgate-route-reason"]
     assert content(split) == content(alone), "greedy output is token-identical to the aggregated engine's"
     split_usage, alone_usage = usage(split), usage(alone)
@@ -141,7 +158,7 @@ def test_a_long_uncached_prompt_disaggregates_and_answers_as_the_aggregated_engi
 def test_a_follow_up_turn_stays_on_the_decode_replica_and_reuses_its_cache(fleet: Fleet) -> None:
     messages = document_question()
     first = ask(fleet.pd, messages)
-    assert first.headers.get("x-kvgate-prefill-backend") == "prefill"
+    assert first.headers.get("x-kvgate-prefill-backend") == "prefill", first.headers.get("x-kvgate-pd-estimate")
     follow_up = [*messages, {"role": "assistant", "content": content(first)}, {"role": "user", "content": "And 13?"}]
     second = ask(fleet.pd, follow_up)
     assert second.headers["x-kvgate-backend"] == "decode"
@@ -228,11 +245,11 @@ def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_loc
     request is sent, so its leg is still open when the kill comes however fast this CPU prefills."""
     messages = document_question()
     replies: list[HttpReply] = []
-    client = threading.Thread(target=lambda: replies.append(ask(fleet.pd, messages)))
+    client = threading.Thread(target=lambda: replies.append(ask(fleet.always, messages)))
     os.kill(fleet.prefill.proc.pid, signal.SIGSTOP)
     client.start()
     deadline = time.monotonic() + 60
-    while in_flight(fleet.pd)["prefill"] == 0:
+    while in_flight(fleet.always)["prefill"] == 0:
         assert client.is_alive(), "the request was not disaggregated"
         assert time.monotonic() < deadline
         time.sleep(0.005)
@@ -242,6 +259,6 @@ def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_loc
     assert reply.headers["x-kvgate-backend"] == "decode"
     assert "pd=prefill-leg-failed; prefill=prefill; decode=decode" in reply.headers["x-kvgate-route-reason"]
     assert content(reply) == content(ask(fleet.aggregated, messages))
-    assert in_flight(fleet.pd) == {"prefill": 0, "decode": 0}
-    after = ask(fleet.pd, document_question())
+    assert in_flight(fleet.always) == {"prefill": 0, "decode": 0}
+    after = ask(fleet.always, document_question())
     assert after.headers["x-kvgate-backend"] == "decode", "the dead prefill replica is skipped"
