@@ -122,7 +122,14 @@ class RoutingConfig(ConfigSection):
     model on 20 of 25 trace windows, 60 s on 18, 10 s on 17 (bench/RESULTS.md)."""
     min_match_tokens: int = Field(64, ge=0)
     """A match that exceeds what every candidate holds by fewer tokens than this is no useful match:
-    the request is placed by load alone."""
+    the request is placed by load alone (short prompts: ``short_prompt_match_share``)."""
+    short_prompt_match_share: float = Field(0.5, ge=0, le=1)
+    """A prompt shorter than ``min_match_tokens`` / this (128 tokens at the defaults) needs only this
+    share of itself matched: otherwise no prompt under ``min_match_tokens`` could ever be routed to
+    its cache, a short conversation's second turn included (sglang-router and llm-d route it there;
+    on the synthetic trace, a fifth of whose prompts are under 128 tokens, that alone kept kvgate's
+    hit rate a few tokens behind theirs, bench/notes/2026-12-04-short-prompt-matches.md). 0: every
+    prompt needs ``min_match_tokens``."""
     min_match_fraction: float = Field(0.1, ge=0, le=1)
     """Nor is one that exceeds it by less than this share of the prompt. In a large fleet a hot
     root (the traces' shared 64 tokens) is held by only the few replicas that served it first, so

@@ -34,6 +34,9 @@ class ScoringSettings(Protocol):
     @property
     def min_match_fraction(self) -> float: ...
 
+    @property
+    def short_prompt_match_share(self) -> float: ...
+
 
 def predicted_cached_tokens(
     matched_blocks: int, prompt_tokens: int, block_size: int, engine_block_size: int | None = None
@@ -80,7 +83,8 @@ class RouteContext:
     """Some replica holds at least ``min_match_tokens`` (and ``min_match_fraction`` of the prompt) more
     than the one holding least (llm-d normalises prefix scores across candidates the same way): a
     root every replica holds, such as a shared system prompt, does not make a one-shot prompt look
-    like a hit."""
+    like a hit. A short prompt needs only ``short_prompt_match_share`` of itself: it could never
+    reach the bar, and a short conversation's second turn belongs where its first is cached."""
     assumed_prefill_rate: float = field(init=False)
     """Prefill tokens/s of a replica that has not measured its own, or whose reading is within
     ``prefill_rate_spread`` of it: the mean of those that have (replicas of one model usually run
@@ -93,6 +97,8 @@ class RouteContext:
         self.shared_cached = min(held, default=0)
         distinct = self.best_cached - self.shared_cached
         needed = max(self.config.min_match_tokens, self.config.min_match_fraction * self.request.prompt_tokens)
+        if self.config.short_prompt_match_share:
+            needed = min(needed, max(self.config.short_prompt_match_share * self.request.prompt_tokens, 1.0))
         self.has_useful_match = distinct > 0 and distinct >= needed
         measured = [replica.prefill_tokens_per_s for replica in self.replicas if replica.prefill_tokens_per_s]
         self.assumed_prefill_rate = sum(measured) / len(measured) if measured else self.config.prefill_tokens_per_s

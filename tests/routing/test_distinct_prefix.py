@@ -112,3 +112,27 @@ def test_with_min_match_fraction_a_conversation_still_goes_to_its_owner() -> Non
     hold(r, "r17", prompt_request(7, 16, shared_tail=320, request_id="turn-1"))
     decision = r.route(prompt_request(7, 64, shared_tail=320, request_id="turn-2"), fleet_state()).decision
     assert (decision.backend, decision.reason) == ("r17", "prefix-hit"), "448 of 512 tokens cached there"
+
+
+def short_request(conversation: int, shared: int, unique: int, request_id: str) -> RouteRequest:
+    """A prompt with no root: ``shared`` tokens of ``conversation``, then ``unique`` of ``request_id``'s own."""
+    tokens = [conversation * 100_003 + i for i in range(shared)]
+    tokens += [hash((request_id, i)) % 50_000 + 60_000 for i in range(unique)]
+    return RouteRequest(request_id, MODEL, block_hashes(tokens, BLOCK, MODEL), len(tokens), 16, token_ids=tokens)
+
+
+def test_a_short_prompt_goes_where_half_of_it_is_cached() -> None:
+    """A 44-token prompt can never match 64 tokens: the 32 of it that replica c holds count."""
+    r = router(min_match_tokens=64)
+    hold(r, "c", short_request(7, 32, 0, "turn-1"))
+    replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=10)]
+    decision = r.route(short_request(7, 32, 12, "turn-2"), replicas).decision
+    assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("c", "prefix-hit", 32)
+
+
+def test_a_short_prompt_matched_under_half_is_placed_by_load() -> None:
+    r = router(min_match_tokens=64)
+    hold(r, "c", short_request(7, 16, 0, "turn-1"))
+    replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=10)]
+    decision = r.route(short_request(7, 16, 30, "turn-2"), replicas).decision
+    assert decision.reason == "no-match" and decision.backend != "c", "16 of 46 tokens: placed by load"

@@ -41,7 +41,7 @@ def test_cache_aware_counts_replica_reported_queue() -> None:
 
 
 def test_no_useful_match_goes_to_least_loaded_then_slowest_turnover_then_name() -> None:
-    r = router(min_match_tokens=2000)
+    r = router(min_match_tokens=2000, short_prompt_match_share=0.0)
     warm(r, "a", prefix=1)
     decision = r.route(request(1), [state("a"), state("b", in_flight=1, prefill_tokens=100), state("c")]).decision
     assert (decision.backend, decision.reason) == ("c", "no-match"), "b is 0.15 s behind, beyond the 0.1 s slack"
