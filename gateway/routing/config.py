@@ -128,8 +128,10 @@ class RoutingConfig(ConfigSection):
     share of itself matched: otherwise no prompt under ``min_match_tokens`` could ever be routed to
     its cache, a short conversation's second turn included (sglang-router and llm-d route it there;
     on the synthetic trace, a fifth of whose prompts are under 128 tokens, that alone kept kvgate's
-    hit rate a few tokens behind theirs, bench/notes/2026-12-04-short-prompt-matches.md). 0: every
-    prompt needs ``min_match_tokens``."""
+    hit rate a few tokens behind theirs, bench/notes/2026-12-04-short-prompt-matches.md). Such a
+    match saves a few blocks, not a queue: its owner takes the request only within
+    ``placement_slack_s`` of the fastest replica, and late binding never holds it. 0: every prompt
+    needs ``min_match_tokens``."""
     min_match_fraction: float = Field(0.1, ge=0, le=1)
     """Nor is one that exceeds it by less than this share of the prompt. In a large fleet a hot
     root (the traces' shared 64 tokens) is held by only the few replicas that served it first, so

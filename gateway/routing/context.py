@@ -85,6 +85,9 @@ class RouteContext:
     root every replica holds, such as a shared system prompt, does not make a one-shot prompt look
     like a hit. A short prompt needs only ``short_prompt_match_share`` of itself: it could never
     reach the bar, and a short conversation's second turn belongs where its first is cached."""
+    short_prompt_match: bool = field(init=False)
+    """The match is useful only because the prompt is short (``short_prompt_match_share``): it saves
+    a few blocks, so it is worth at most ``placement_slack_s`` of TTFT and nobody waits for it."""
     assumed_prefill_rate: float = field(init=False)
     """Prefill tokens/s of a replica that has not measured its own, or whose reading is within
     ``prefill_rate_spread`` of it: the mean of those that have (replicas of one model usually run
@@ -96,10 +99,12 @@ class RouteContext:
         self.best_cached = max(held, default=0)
         self.shared_cached = min(held, default=0)
         distinct = self.best_cached - self.shared_cached
-        needed = max(self.config.min_match_tokens, self.config.min_match_fraction * self.request.prompt_tokens)
+        bar = max(self.config.min_match_tokens, self.config.min_match_fraction * self.request.prompt_tokens)
+        needed = bar
         if self.config.short_prompt_match_share:
-            needed = min(needed, max(self.config.short_prompt_match_share * self.request.prompt_tokens, 1.0))
+            needed = min(bar, max(self.config.short_prompt_match_share * self.request.prompt_tokens, 1.0))
         self.has_useful_match = distinct > 0 and distinct >= needed
+        self.short_prompt_match = self.has_useful_match and distinct < bar
         measured = [replica.prefill_tokens_per_s for replica in self.replicas if replica.prefill_tokens_per_s]
         self.assumed_prefill_rate = sum(measured) / len(measured) if measured else self.config.prefill_tokens_per_s
 

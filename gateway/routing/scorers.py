@@ -39,6 +39,9 @@ class EstimatedTTFT:
     - A new prefix (no useful match) goes to the fastest replica, or to one within
       ``placement_slack_s`` of it and ``placement_slack_share`` of its estimate: all of those tie,
       and the picker takes the one whose cache turns over slowest.
+    - A short prompt's match (``ctx.short_prompt_match``: half of a prompt under 128 tokens) goes
+      to its owner when the owner is within ``placement_slack_s`` of the fastest, else as a new
+      prefix: it saves a few blocks, not a queue.
     - A shared prefix (``ctx.shared_prefix``) goes where its estimated TTFT is lowest, cache
       credited: a hot system prompt is copied to a replica with room rather than queueing on its
       first holder.
@@ -58,6 +61,8 @@ class EstimatedTTFT:
         estimates = [ctx.estimated_ttft_s(replica) + ctx.overflow_s(replica) for replica in ctx.replicas]
         if not ctx.has_useful_match:
             return _near_fastest(estimates, ctx.config.placement_slack_s, ctx.config.placement_slack_share)
+        if ctx.short_prompt_match:
+            return _owner_within_slack(ctx, estimates)
         if ctx.shared_prefix:
             return inverse_cost(estimates)
         target = ctx.config.ttft_target_s
@@ -82,6 +87,18 @@ def _near_fastest(estimates: list[float], slack_s: float, slack_share: float) ->
     return [
         1.0 if estimate <= fastest + slack else score
         for estimate, score in zip(estimates, inverse_cost(estimates), strict=True)
+    ]
+
+
+def _owner_within_slack(ctx: RouteContext, estimates: list[float]) -> list[float]:
+    """A short prompt's match: its owner scores 1 within ``placement_slack_s`` of the fastest estimate
+    (the picker then prefers the owner among the replicas tied at 1); otherwise it is placed as a
+    new prefix."""
+    fastest = min(estimates)
+    near = _near_fastest(estimates, ctx.config.placement_slack_s, ctx.config.placement_slack_share)
+    return [
+        1.0 if ctx.is_owner(replica.name) and estimate <= fastest + ctx.config.placement_slack_s else score
+        for replica, estimate, score in zip(ctx.replicas, estimates, near, strict=True)
     ]
 
 

@@ -136,3 +136,12 @@ def test_a_short_prompt_matched_under_half_is_placed_by_load() -> None:
     replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=10)]
     decision = r.route(short_request(7, 16, 30, "turn-2"), replicas).decision
     assert decision.reason == "no-match" and decision.backend != "c", "16 of 46 tokens: placed by load"
+
+
+def test_a_short_prompt_leaves_its_owner_when_the_owner_is_slower_than_the_slack() -> None:
+    """32 cached tokens save a few milliseconds: not worth 0.8 s of queue (500 tokens at 650/s)."""
+    r = router(min_match_tokens=64)
+    hold(r, "c", short_request(7, 32, 0, "turn-1"))
+    replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=500)]
+    decision = r.route(short_request(7, 32, 12, "turn-2"), replicas).decision
+    assert decision.backend in ("a", "b") and decision.reason == "load-spill"
