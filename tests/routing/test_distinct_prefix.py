@@ -10,11 +10,13 @@ ROOT = list(range(1000, 1128))
 """128 tokens (8 blocks) that every request below starts with."""
 
 
-def prompt_request(tail_seed: int, tail_tokens: int, shared_tail: int = 0, request_id: str = "r") -> RouteRequest:
-    """ROOT, then ``shared_tail`` tokens of conversation ``tail_seed``, then tokens unique to ``request_id``."""
+def prompt_request(
+    tail_seed: int, tail_tokens: int, shared_tail: int = 0, request_id: str = "r", root: tuple[int, ...] = tuple(ROOT)
+) -> RouteRequest:
+    """``root``, then ``shared_tail`` tokens of conversation ``tail_seed``, then tokens unique to ``request_id``."""
     conversation = [tail_seed * 100_003 + i for i in range(shared_tail)]
     unique = [hash((request_id, i)) % 50_000 + 60_000 for i in range(tail_tokens)]
-    tokens = ROOT + conversation + unique
+    tokens = [*root, *conversation, *unique]
     return RouteRequest(request_id, MODEL, block_hashes(tokens, BLOCK, MODEL), len(tokens), 16, token_ids=tokens)
 
 
@@ -114,34 +116,27 @@ def test_with_min_match_fraction_a_conversation_still_goes_to_its_owner() -> Non
     assert (decision.backend, decision.reason) == ("r17", "prefix-hit"), "448 of 512 tokens cached there"
 
 
-def short_request(conversation: int, shared: int, unique: int, request_id: str) -> RouteRequest:
-    """A prompt with no root: ``shared`` tokens of ``conversation``, then ``unique`` of ``request_id``'s own."""
-    tokens = [conversation * 100_003 + i for i in range(shared)]
-    tokens += [hash((request_id, i)) % 50_000 + 60_000 for i in range(unique)]
-    return RouteRequest(request_id, MODEL, block_hashes(tokens, BLOCK, MODEL), len(tokens), 16, token_ids=tokens)
-
-
 def test_a_short_prompt_goes_where_half_of_it_is_cached() -> None:
     """A 44-token prompt can never match 64 tokens: the 32 of it that replica c holds count."""
     r = router(min_match_tokens=64)
-    hold(r, "c", short_request(7, 32, 0, "turn-1"))
+    hold(r, "c", prompt_request(7, 0, shared_tail=32, request_id="turn-1", root=()))
     replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=10)]
-    decision = r.route(short_request(7, 32, 12, "turn-2"), replicas).decision
+    decision = r.route(prompt_request(7, 12, shared_tail=32, request_id="turn-2", root=()), replicas).decision
     assert (decision.backend, decision.reason, decision.predicted_cached_tokens) == ("c", "prefix-hit", 32)
 
 
 def test_a_short_prompt_matched_under_half_is_placed_by_load() -> None:
     r = router(min_match_tokens=64)
-    hold(r, "c", short_request(7, 16, 0, "turn-1"))
+    hold(r, "c", prompt_request(7, 0, shared_tail=16, request_id="turn-1", root=()))
     replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=10)]
-    decision = r.route(short_request(7, 16, 30, "turn-2"), replicas).decision
+    decision = r.route(prompt_request(7, 30, shared_tail=16, request_id="turn-2", root=()), replicas).decision
     assert decision.reason == "no-match" and decision.backend != "c", "16 of 46 tokens: placed by load"
 
 
 def test_a_short_prompt_leaves_its_owner_when_the_owner_is_slower_than_the_slack() -> None:
     """32 cached tokens save a few milliseconds: not worth 0.8 s of queue (500 tokens at 650/s)."""
     r = router(min_match_tokens=64)
-    hold(r, "c", short_request(7, 32, 0, "turn-1"))
+    hold(r, "c", prompt_request(7, 0, shared_tail=32, request_id="turn-1", root=()))
     replicas = [state("a"), state("b"), state("c", in_flight=1, prefill_tokens=500)]
-    decision = r.route(short_request(7, 32, 12, "turn-2"), replicas).decision
+    decision = r.route(prompt_request(7, 12, shared_tail=32, request_id="turn-2", root=()), replicas).decision
     assert decision.backend in ("a", "b") and decision.reason == "load-spill"
