@@ -30,7 +30,11 @@ Checked against published vLLM figures (``tests/bench/test_sim_presets.py`` asse
   single-stream decode reaches 77 % of the HBM roofline, which is ``bandwidth_eff`` with the
   fixed step cost folded in (0.75 here, plus 1.5 ms a step).
 
-Not yet calibrated on a lent GPU: the efficiency factors are the published figures' fit above.
+Measured on a lent H200 (2026-12-04, ``python -m bench.micro.gpu_step_cost``: a Llama-3-8B-shaped
+decoder in plain PyTorch, every step replayed from a CUDA graph): ``llama-3-8b-h200`` charges
+0.98-1.27x the measured step for prefills of 128-8,192 tokens (with or without up to 7,680 cached)
+and 0.81-1.25x for decode steps of 1-256 sequences, optimistic only for decode batches under 64
+(plain PyTorch there is unfused; a tuned engine is faster); bench/notes/2026-12-04-h200-cuda-path-and-step-costs.md.
 """
 
 from dataclasses import dataclass
