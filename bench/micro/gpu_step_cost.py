@@ -12,13 +12,17 @@ the simulator prices, printing each beside ``SimCosts.step_seconds`` of the pres
 Plain PyTorch has no fused norms, rotary or activation kernels and a contiguous KV cache instead
 of a paged one, so a tuned engine is somewhat faster than this; a measured step well under the
 preset's means the preset is pessimistic, one well over it that the preset is optimistic.
-One GPU: presets with tensor parallelism need as many GPUs and are refused.
+A tensor-parallel preset is measured on one GPU of its group: that GPU's shard of every layer
+(its heads, KV heads, MLP columns and vocabulary slice), the preset's charge for the two
+all-reduces per layer taken out of the comparison (one GPU does none; the preset's all-reduce
+cost is printed).
 
 Run: ``python -m bench.micro.gpu_step_cost --preset llama-3-8b-h200 [--out FILE.json]``
 (``--device cpu --layers 2`` checks the script itself on a CPU, timings meaningless).
 """
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -33,6 +37,7 @@ from torch.nn.attention.bias import causal_lower_right
 from engine.model.runner_api import SamplingParams, SeqChunk
 from engine.sim.sim_presets import GPU_PRESETS
 from planner.load import load_arch
+from planner.parallel import Parallelism, gpu_shard, params_per_gpu
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,11 @@ class DenseShapes:
     vocab: int
 
 
-DENSE_SHAPES = {"llama-3-8b": DenseShapes(hidden=4096, intermediate=14336, vocab=128256)}
-"""From each model's config.json (meta-llama/Meta-Llama-3-8B); checked against the planner's parameter count."""
+DENSE_SHAPES = {
+    "llama-3-8b": DenseShapes(hidden=4096, intermediate=14336, vocab=128256),
+    "llama-3-70b": DenseShapes(hidden=8192, intermediate=28672, vocab=128256),
+}
+"""From each model's config.json (meta-llama/Meta-Llama-3-8B, -70B); checked against the planner's parameter count."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +186,17 @@ def step_ms(model: Decoder, batch: int, new: int, cached: int, device: torch.dev
     return timed_ms(graph.replay, device, repeats)
 
 
+def allreduce_ms(preset: str) -> float:
+    """What the preset charges a step for its all-reduces (two per layer; none without TP)."""
+    spec = GPU_PRESETS[preset]
+    if spec.tensor_parallel == 1:
+        return 0.0
+    return 2 * load_arch(spec.model).num_layers * spec.efficiency.allreduce_s * 1e3
+
+
 def predicted_ms(preset: str, chunks: list[SeqChunk]) -> float:
-    return GPU_PRESETS[preset].costs().step_seconds(chunks) * 1e3
+    """The preset's step, less its all-reduces (which one GPU does not run)."""
+    return GPU_PRESETS[preset].costs().step_seconds(chunks) * 1e3 - allreduce_ms(preset)
 
 
 def chunk(new: int, start: int) -> SeqChunk:
@@ -187,14 +204,27 @@ def chunk(new: int, start: int) -> SeqChunk:
 
 
 def shapes_of(preset: str, layers: int | None) -> Shapes:
+    """One GPU's shard of the preset's model (the whole model without TP)."""
     spec = GPU_PRESETS[preset]
-    if spec.tensor_parallel != 1:
-        raise SystemExit(f"{preset}: tensor parallel {spec.tensor_parallel} needs that many GPUs; this measures one")
     arch = load_arch(spec.model)
     if spec.model not in DENSE_SHAPES:
         raise SystemExit(f"{preset}: no dense shapes for {spec.model} (add them to DENSE_SHAPES)")
-    return Shapes(layers or arch.num_layers, arch.num_attention_heads, arch.num_kv_heads, arch.head_dim,
-                  DENSE_SHAPES[spec.model])  # fmt: skip
+    tp = spec.tensor_parallel
+    shard = gpu_shard(arch, Parallelism(tensor=tp), 0)
+    dense = DENSE_SHAPES[spec.model]
+    sharded = DenseShapes(dense.hidden, dense.intermediate // tp, dense.vocab // tp)
+    return Shapes(layers or arch.num_layers, shard.num_attention_heads, shard.num_kv_heads, arch.head_dim, sharded)
+
+
+def planner_parameters(preset: str, layers: int) -> int:
+    """The planner's parameters for one GPU of the preset, without norms (the decoder's weights)."""
+    spec = GPU_PRESETS[preset]
+    arch = load_arch(spec.model)
+    assert arch.params is not None
+    counts = dataclasses.replace(arch.params, layers=arch.params.layers[:layers], final_norm=0)
+    trimmed = dataclasses.replace(arch, num_layers=layers, layer_windows=arch.layer_windows[:layers])
+    norms = sum(layer.replicated for layer in counts.layers)
+    return params_per_gpu(trimmed, counts, Parallelism(tensor=spec.tensor_parallel), 0) - norms
 
 
 def main() -> None:
@@ -211,18 +241,12 @@ def main() -> None:
     device = torch.device(args.device)
     shapes = shapes_of(args.preset, args.layers)
     model = Decoder(shapes, device)
-    arch = load_arch(GPU_PRESETS[args.preset].model)
-    assert arch.params is not None
-    planner_params = (
-        arch.params.embedding
-        + arch.params.lm_head
-        + sum(layer.sharded + layer.kv_projection for layer in arch.params.layers[: shapes.layers])
-    )
-    assert model.parameters() == planner_params, (
-        f"shapes give {model.parameters():,} parameters, the planner {planner_params:,}"
-    )
+    expected = planner_parameters(args.preset, shapes.layers)
+    assert model.parameters() == expected, f"shapes give {model.parameters():,} parameters, the planner {expected:,}"
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{args.preset} on {gpu}: {model.parameters() / 1e9:.2f} B parameters, {shapes.layers} layers, bf16")
+    tp = GPU_PRESETS[args.preset].tensor_parallel
+    print(f"{args.preset} on {gpu}: {model.parameters() / 1e9:.2f} B parameters on this GPU (1 of {tp}), "
+          f"{shapes.layers} layers, bf16; the preset's {allreduce_ms(args.preset):.1f} ms of all-reduces a step left out")  # fmt: skip
     rows: list[StepRow] = []
     for spec in args.prefill.split(","):
         new, cached = (int(part) for part in spec.split(":"))

@@ -30,11 +30,13 @@ Checked against published vLLM figures (``tests/bench/test_sim_presets.py`` asse
   single-stream decode reaches 77 % of the HBM roofline, which is ``bandwidth_eff`` with the
   fixed step cost folded in (0.75 here, plus 1.5 ms a step).
 
-Measured on a lent H200 (2026-12-04, ``python -m bench.micro.gpu_step_cost``: a Llama-3-8B-shaped
-decoder in plain PyTorch, every step replayed from a CUDA graph): ``llama-3-8b-h200`` charges
-0.98-1.27x the measured step for prefills of 128-8,192 tokens (with or without up to 7,680 cached)
-and 0.81-1.25x for decode steps of 1-256 sequences, optimistic only for decode batches under 64
-(plain PyTorch there is unfused; a tuned engine is faster); bench/notes/2026-12-04-h200-cuda-path-and-step-costs.md.
+Measured on a lent H200 (2026-12-04, ``python -m bench.micro.gpu_step_cost``: the preset's model, or
+one GPU's shard of it, in plain PyTorch, every step replayed from a CUDA graph): ``llama-3-8b-h200``
+charges 0.98-1.27x the measured prefills (128-8,192 tokens, up to 7,680 cached) and 0.81-1.25x the
+decode steps (1-256 sequences); ``llama-3-70b-h200-tp4``, all-reduces left out, 0.87-1.05x the
+prefills and 0.67-1.12x the decode steps, the low end at batches under 64, where unfused plain
+PyTorch is slower than the vLLM figures above, which the preset matches;
+bench/notes/2026-12-04-h200-cuda-path-and-step-costs.md.
 """
 
 from dataclasses import dataclass

@@ -1,12 +1,21 @@
 """The GPU step-cost micro-benchmark's decoder, on a CPU at toy sizes: a step writes the new
-tokens' KV after the cached ones and returns one row of logits per sequence, and the preset
-shapes it builds are the planner's model, parameter for parameter."""
+tokens' KV after the cached ones and returns one row of logits per sequence, and the shard of a
+preset's model it builds is the planner's GPU, parameter for parameter."""
 
 import pytest
 import torch
 
-from bench.micro.gpu_step_cost import DENSE_SHAPES, Decoder, DenseShapes, Shapes, kv_caches, shapes_of, step_ms
-from planner.load import load_arch
+from bench.micro.gpu_step_cost import (
+    DENSE_SHAPES,
+    Decoder,
+    DenseShapes,
+    Shapes,
+    allreduce_ms,
+    kv_caches,
+    planner_parameters,
+    shapes_of,
+    step_ms,
+)
 
 TOY = Shapes(layers=2, heads=4, kv_heads=2, head_dim=8, dense=DenseShapes(hidden=32, intermediate=64, vocab=50))
 CPU = torch.device("cpu")
@@ -30,20 +39,20 @@ def test_step_ms_times_prefills_and_decodes() -> None:
     assert step_ms(model, 4, 1, 24, CPU, repeats=1) > 0
 
 
-def test_the_presets_shapes_are_the_planners_model() -> None:
-    arch = load_arch("llama-3-8b")
-    assert arch.params is not None
-    dense = DENSE_SHAPES["llama-3-8b"]
-    shapes = shapes_of("llama-3-8b-h200", None)
+@pytest.mark.parametrize("preset", ["llama-3-8b-h200", "llama-3-70b-h200-tp4"])
+def test_a_presets_shard_is_the_planners_gpu_parameter_for_parameter(preset: str) -> None:
+    shapes = shapes_of(preset, None)
+    dense = shapes.dense
     qkv = (shapes.heads + 2 * shapes.kv_heads) * shapes.head_dim
     per_layer = (
         dense.hidden * qkv + shapes.heads * shapes.head_dim * dense.hidden + 3 * dense.hidden * dense.intermediate
     )
-    assert arch.params.embedding == arch.params.lm_head == dense.vocab * dense.hidden
-    assert all(layer.sharded + layer.kv_projection == per_layer for layer in arch.params.layers)
-    assert shapes.layers == len(arch.params.layers)
+    assert 2 * dense.vocab * dense.hidden + shapes.layers * per_layer == planner_parameters(preset, shapes.layers)
 
 
-def test_a_tensor_parallel_preset_is_refused() -> None:
-    with pytest.raises(SystemExit, match="tensor parallel 4"):
-        shapes_of("llama-3-70b-h200-tp4", None)
+def test_one_gpu_of_a_tensor_parallel_group_holds_its_share_and_skips_the_all_reduces() -> None:
+    whole = DENSE_SHAPES["llama-3-70b"]
+    shard = shapes_of("llama-3-70b-h200-tp4", None)
+    assert (shard.heads, shard.kv_heads, shard.dense.intermediate) == (64 // 4, 8 // 4, whole.intermediate // 4)
+    assert allreduce_ms("llama-3-8b-h200") == 0
+    assert allreduce_ms("llama-3-70b-h200-tp4") == pytest.approx(2 * 80 * 0.025)
