@@ -56,6 +56,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
     ),
     "limiter-cost": ("bench.micro.limiter_cost", "cost per request of shared limits, in process against Redis"),
     "redis-recovery": ("bench.micro.redis_recovery", "how soon the Redis limiter sees a restarted Redis"),
+    "gpu-step-cost": (
+        "bench.micro.gpu_step_cost",
+        "a GPU preset's steps timed on this GPU beside what the preset charges",
+    ),
     "index-cost": (
         "bench.micro.index_cost",
         "prefix index: match + insert time of a 4,096-token prompt, bytes per block",

@@ -17,7 +17,7 @@ A tensor-parallel preset is measured on one GPU of its group: that GPU's shard o
 all-reduces per layer taken out of the comparison (one GPU does none; the preset's all-reduce
 cost is printed).
 
-Run: ``python -m bench.micro.gpu_step_cost --preset llama-3-8b-h200 [--out FILE.json]``
+Run: ``kvgate bench gpu-step-cost --preset llama-3-8b-h200 [--out FILE.json]`` (or ``python -m bench.micro.gpu_step_cost``)
 (``--device cpu --layers 2`` checks the script itself on a CPU, timings meaningless).
 """
 
@@ -227,7 +227,7 @@ def planner_parameters(preset: str, layers: int) -> int:
     return params_per_gpu(trimmed, counts, Parallelism(tensor=spec.tensor_parallel), 0) - norms
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="llama-3-8b-h200", choices=sorted(GPU_PRESETS))
     parser.add_argument("--device", default="cuda")
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--decode", default="1:512,8:512,32:512,64:1024,128:1024,256:512,256:2048",
                         help="BATCH:CONTEXT,...")  # fmt: skip
     parser.add_argument("--out", help="also write the rows as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     shapes = shapes_of(args.preset, args.layers)
     model = Decoder(shapes, device)
