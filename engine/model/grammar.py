@@ -64,11 +64,34 @@ class GrammarMatcher:
         return self._matcher
 
 
+def llguidance_tokenizer_json(serialized: str) -> str:
+    """The tokenizer's JSON as llguidance reads token bytes from it: a byte-level BPE tokenizer's
+    decoder made plain ``ByteLevel``.
+
+    llguidance takes a token's bytes from the decoder: only a top-level ``ByteLevel`` decoder makes
+    it map GPT-2's byte alphabet back to bytes. transformers 5.17 converts a GGUF's BPE tokenizer
+    with a decoder chain that ends in ``ByteLevel`` (``ByteFallback``, ``Fuse``, ``Replace``, then
+    ``ByteLevel``); HF decodes the same text through it, but llguidance read ``Ġ`` as its UTF-8
+    bytes, so no token could produce a space and a JSON schema's ``": "`` failed mid-answer (found
+    on a GPU machine whose image has 5.17; 5.25 writes the plain decoder). A byte-level
+    pre-tokenizer means every token is spelled in that alphabet, so the plain decoder is exact.
+    """
+    spec = json.loads(serialized)
+    pre_tokenizer, decoder = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
+    chain = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else []
+    byte_level = next((step for step in chain if step.get("type") == "ByteLevel"), None)
+    if pre_tokenizer.get("type") != "ByteLevel" or byte_level is None:
+        return serialized
+    return json.dumps({**spec, "decoder": byte_level})
+
+
 class GrammarCompiler:
     """Builds and checks grammars against one tokenizer (made once: about a second for 49k tokens)."""
 
     def __init__(self, tokenizer: ChatTokenizer) -> None:
-        self.tokenizer = llguidance.LLTokenizer(tokenizer.tokenizer.to_str(), eos_token=tokenizer.eos_token_id)
+        self.tokenizer = llguidance.LLTokenizer(
+            llguidance_tokenizer_json(tokenizer.tokenizer.to_str()), eos_token=tokenizer.eos_token_id
+        )
         self.vocab_size: int = self.tokenizer.vocab_size
 
     def json_schema(self, schema: dict[str, Any], param: str) -> Grammar:

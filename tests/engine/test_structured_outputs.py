@@ -2,12 +2,13 @@
 
 import json
 
+import llguidance
 import numpy as np
 import pytest
 import torch
 
 from engine.core.sequence import Sequence
-from engine.model.grammar import GrammarCompiler, MaskFiller, allocate_bitmask
+from engine.model.grammar import GrammarCompiler, MaskFiller, allocate_bitmask, llguidance_tokenizer_json
 from engine.model.runner_api import SamplingParams
 from engine.model.sampler import apply_token_bitmask
 from engine.server.structured_output import requested_grammar
@@ -188,3 +189,29 @@ def test_a_sequence_stops_when_its_grammar_is_complete_and_masks_apply_per_row(c
     assert torch.isfinite(logits[:2]).all()
     assert torch.isfinite(logits[2]).nonzero().flatten().tolist() == [5]
     assert np.all(bitmask[0] == -1)
+
+
+GGUF_517_DECODER = {
+    "type": "Sequence",
+    "decoders": [
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    ],
+}
+"""The decoder transformers 5.17 writes when it converts SmolLM2's GGUF tokenizer (5.25: the last step alone)."""
+
+
+def test_llguidance_reads_token_bytes_through_a_decoder_chain_that_ends_byte_level(tokenizer: ChatTokenizer) -> None:
+    plain = json.loads(tokenizer.tokenizer.to_str())
+    chained = json.dumps({**plain, "decoder": GGUF_517_DECODER})
+    expected = llguidance.LLTokenizer(json.dumps(plain), eos_token=tokenizer.eos_token_id)
+    as_read = llguidance.LLTokenizer(llguidance_tokenizer_json(chained), eos_token=tokenizer.eos_token_id)
+    space_quote = tokenizer.tokenizer.encode(' "').ids
+    assert expected.decode_bytes(space_quote) == b' "'
+    assert llguidance.LLTokenizer(chained, eos_token=tokenizer.eos_token_id).decode_bytes(space_quote) != b' "', (
+        "llguidance now reads the chain itself: llguidance_tokenizer_json may go"
+    )
+    assert all(as_read.decode_bytes([i]) == expected.decode_bytes([i]) for i in range(expected.vocab_size))
+    assert llguidance_tokenizer_json(json.dumps(plain)) == json.dumps(plain), "a plain decoder is left alone"
