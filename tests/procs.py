@@ -3,6 +3,7 @@
 import json
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,15 @@ def start_engine(tmp_path: Path, *flags: str, name: str = "engine") -> ManagedPr
     """A bundled engine replica (`kvgate engine`) with the given flags on a free port."""
     port = free_port()
     return start(kvgate_cmd("engine", "--port", str(port), *flags), port, tmp_path / f"{name}-{port}.log")
+
+
+def start_engines(tmp_path: Path, flags_by_name: dict[str, tuple[str, ...]]) -> dict[str, ManagedProcess]:
+    """Several bundled engines started at once (each loads its model in parallel), by name."""
+    with ThreadPoolExecutor(len(flags_by_name)) as pool:
+        futures = {
+            name: pool.submit(start_engine, tmp_path, *flags, name=name) for name, flags in flags_by_name.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 def start_gateway(tmp_path: Path, config_path: Path, port: int) -> ManagedProcess:

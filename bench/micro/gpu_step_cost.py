@@ -91,12 +91,12 @@ class Decoder:
                 weight(shapes.heads * shapes.head_dim, hidden),
                 weight(hidden, 2 * inter),
                 weight(inter, hidden),
-            )  # fmt: skip
+            )
             for _ in range(shapes.layers)
         ]
         self.norm = torch.ones(hidden, device=device, dtype=torch.bfloat16)
-        inverse = 1.0 / (500_000.0 ** (torch.arange(0, shapes.head_dim, 2, device=device).float() / shapes.head_dim))
-        self.inverse_freq = inverse
+        exponents = torch.arange(0, shapes.head_dim, 2, device=device).float() / shapes.head_dim
+        self.inverse_freq = 1.0 / (500_000.0**exponents)
 
     def parameters(self) -> int:
         tensors = [self.embed, self.lm_head, *(w for layer in self.layers for w in layer)]
@@ -187,11 +187,8 @@ def step_ms(model: Decoder, batch: int, new: int, cached: int, device: torch.dev
 
 
 def allreduce_ms(preset: str) -> float:
-    """What the preset charges a step for its all-reduces (two per layer; none without TP)."""
-    spec = GPU_PRESETS[preset]
-    if spec.tensor_parallel == 1:
-        return 0.0
-    return 2 * load_arch(spec.model).num_layers * spec.efficiency.allreduce_s * 1e3
+    """What the preset charges a step for its all-reduces (none without TP)."""
+    return GPU_PRESETS[preset].allreduces_s() * 1e3
 
 
 def predicted_ms(preset: str, chunks: list[SeqChunk]) -> float:

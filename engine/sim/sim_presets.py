@@ -95,15 +95,20 @@ class GpuPreset:
         attention_flops = 4 * arch.num_layers * shard.num_attention_heads * shard.head_dim
         bandwidth = gpu.hbm_bytes_per_s * eff.bandwidth_eff
         weight_read_s = weights_bytes_per_gpu(arch, "bf16", parallel, 0) / bandwidth
-        allreduces_s = 2 * arch.num_layers * eff.allreduce_s if self.tensor_parallel > 1 else 0.0
         return SimCosts(
-            step_overhead_s=weight_read_s + eff.step_fixed_s + allreduces_s,
+            step_overhead_s=weight_read_s + eff.step_fixed_s + self.allreduces_s(),
             prefill_per_token_s=flops_per_token / (gpu.peak_bf16_flops * eff.prefill_mfu),
             prefill_per_token_context_s=attention_flops / (gpu.peak_bf16_flops * eff.attention_eff),
             decode_base_s=0.0,
             decode_per_seq_s=flops_per_token / (gpu.peak_bf16_flops * eff.decode_mfu),
             decode_per_context_token_s=kv_bytes_per_token(shard, "bf16") / bandwidth,
         )
+
+    def allreduces_s(self) -> float:
+        """What a step spends in all-reduces: two per layer with TP, none without."""
+        if self.tensor_parallel == 1:
+            return 0.0
+        return 2 * load_arch(self.model).num_layers * self.efficiency.allreduce_s
 
     def kv_blocks(self, block_size: int) -> int:
         """KV blocks of ``block_size`` tokens the replica holds (the planner's per-GPU budget)."""

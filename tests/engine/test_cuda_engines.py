@@ -8,7 +8,6 @@ skipped (with the reason) elsewhere."""
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from tests.engine.test_pd_engines import (
     post,
     text_of,
 )
-from tests.procs import ManagedProcess, free_port, start_engine
+from tests.procs import ManagedProcess, free_port, start_engines
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,9 +46,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Mana
         "aggregated": cuda,
         "host-tier": host_tier,
     }
-    with ThreadPoolExecutor(len(starts)) as pool:
-        futures = {name: pool.submit(start_engine, tmp, *flags, name=name) for name, flags in starts.items()}
-        started = {name: future.result() for name, future in futures.items()}
+    started = start_engines(tmp, starts)
     yield started
     for engine in started.values():
         engine.stop()

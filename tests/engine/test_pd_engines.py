@@ -4,7 +4,6 @@ cached, a follow-up pulls only what the decode engine lacks, both engines publis
 hold, and a dead prefill engine costs only a local prefill."""
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -15,7 +14,7 @@ from normalize.chat_tokenizer import ChatTokenizer
 from protocol.replica_stats import decode_stats
 from radix.hashing import block_hashes, hash_to_bytes
 from radix.kv_event_format import BlockStored, parse_frames, wire_block_hash
-from tests.procs import ManagedProcess, free_port, http, start_engine
+from tests.procs import ManagedProcess, free_port, http, start_engines
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +56,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "aggregated": COMMON,
         "doomed": (*COMMON, *connector()),
     }
-    with ThreadPoolExecutor(len(starts)) as pool:
-        futures = {name: pool.submit(start_engine, tmp, *flags, name=name) for name, flags in starts.items()}
-        engines = {name: future.result() for name, future in futures.items()}
+    engines = start_engines(tmp, starts)
     yield Fleet(engines["prefill"], engines["decode"], engines["aggregated"], engines["doomed"], events)
     for engine in engines.values():
         engine.stop()
