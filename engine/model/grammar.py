@@ -19,6 +19,7 @@ import llguidance.numpy
 import numpy as np
 import numpy.typing as npt
 
+from normalize.byte_level_spec import with_plain_decoder
 from normalize.chat_tokenizer import ChatTokenizer
 from protocol.openai_errors import OpenAIError, bad_request
 
@@ -66,23 +67,17 @@ class GrammarMatcher:
 
 def llguidance_tokenizer_json(serialized: str) -> str:
     """The tokenizer's JSON as llguidance reads token bytes from it: a byte-level BPE tokenizer's
-    decoder made plain ``ByteLevel``.
+    decoder made plain ``ByteLevel`` (normalize/byte_level_spec.py).
 
     llguidance takes a token's bytes from the decoder: only a top-level ``ByteLevel`` decoder makes
-    it map GPT-2's byte alphabet back to bytes. transformers 5.17 converts a GGUF's BPE tokenizer
-    with a decoder chain that ends in ``ByteLevel`` (``ByteFallback``, ``Fuse``, ``Replace``, then
-    ``ByteLevel``); HF decodes the same text through it, but llguidance read ``Ġ`` as its UTF-8
-    bytes, so no token could produce a space and a JSON schema's ``": "`` failed mid-answer (found
-    on a GPU machine whose image has 5.17; 5.25 writes the plain decoder). A byte-level
-    pre-tokenizer means every token is spelled in that alphabet, so the plain decoder is exact.
+    it map GPT-2's byte alphabet back to bytes. With the decoder chain transformers 5.17 writes, it
+    read ``Ġ`` as its UTF-8 bytes, so no token could produce a space and a JSON schema's ``": "``
+    failed mid-answer. kvgate's own GGUF conversion writes the plain form; this covers a model
+    folder whose ``tokenizer.json`` chains it.
     """
     spec = json.loads(serialized)
-    pre_tokenizer, decoder = spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
-    chain = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else []
-    byte_level = next((step for step in chain if step.get("type") == "ByteLevel"), None)
-    if pre_tokenizer.get("type") != "ByteLevel" or byte_level is None:
-        return serialized
-    return json.dumps({**spec, "decoder": byte_level})
+    plain = with_plain_decoder(spec)
+    return serialized if plain is spec else json.dumps(plain)
 
 
 class GrammarCompiler:

@@ -17,6 +17,7 @@ from engine.server.tool_parser import ToolCallStream, parse_answer
 from normalize.chat_tokenizer import ChatTokenizer
 from protocol.openai import ChatCompletionRequest, CompletionRequest, validate
 from protocol.openai_errors import OpenAIError
+from tests.normalize.transformers_517 import GGUF_517_DECODER
 
 WEATHER = {
     "type": "object",
@@ -189,18 +190,6 @@ def test_a_sequence_stops_when_its_grammar_is_complete_and_masks_apply_per_row(c
     assert torch.isfinite(logits[:2]).all()
     assert torch.isfinite(logits[2]).nonzero().flatten().tolist() == [5]
     assert np.all(bitmask[0] == -1)
-
-
-GGUF_517_DECODER = {
-    "type": "Sequence",
-    "decoders": [
-        {"type": "ByteFallback"},
-        {"type": "Fuse"},
-        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-    ],
-}
-"""The decoder transformers 5.17 writes when it converts SmolLM2's GGUF tokenizer (5.25: the last step alone)."""
 
 
 def test_llguidance_reads_token_bytes_through_a_decoder_chain_that_ends_byte_level(tokenizer: ChatTokenizer) -> None:
