@@ -62,13 +62,15 @@ class PdSetup:
     dynamo_max_prefill_queue: int = DYNAMO_MAX_PREFILL_QUEUE
 
 
-def split_roles(replicas: int, prefill: int) -> tuple[str, ...]:
-    """``prefill`` prefill replicas first, then decode replicas; 0: all ``both``."""
+def split_roles(replicas: int, prefill: int, rest: str = "decode") -> tuple[str, ...]:
+    """``prefill`` prefill replicas first, then ``rest`` replicas (``decode`` or ``both``); 0: all ``both``."""
     if prefill <= 0:
         return ("both",) * replicas
     if prefill >= replicas:
         raise ValueError(f"a P/D split needs a decode replica: {prefill} prefill of {replicas}")
-    return ("prefill",) * prefill + ("decode",) * (replicas - prefill)
+    if rest not in ("decode", "both"):
+        raise ValueError(f"the replicas beside the prefill ones decode: decode or both, got {rest!r}")
+    return ("prefill",) * prefill + (rest,) * (replicas - prefill)
 
 
 @dataclass(frozen=True)

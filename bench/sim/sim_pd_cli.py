@@ -4,7 +4,8 @@ On windows of a Mooncake trace (``--starts``) and token-id seeds (``--seeds``), 
 preset, each policy runs the same requests over the same number of replicas
 (bench/sim/sim_pd.py): aggregated (kvgate's router, every replica ``both``), always-disaggregate at
 each P:D split of ``--splits``, kvgate's conditional decider (gateway/routing/pd_decider.py) on
-the fleets of ``--conditional-splits`` (0: every replica ``both``), and the modelled peers'
+the fleets of ``--conditional-splits`` (0: every replica ``both``) and of ``--conditional-mixed``
+(so many ``prefill`` replicas, the others ``both``: "1P:7B"), and the modelled peers'
 deciders (llm-d's threshold, Dynamo's conditional disaggregation) on ``--peer-split``. It prints
 goodput (requests meeting TTFT <= ``--ttft-slo`` and mean ITL <= ``--itl-slo``, bench/harness/users_table.py)
 per window, and whether kvgate's conditional P/D reached the better of aggregated and the best
@@ -40,6 +41,11 @@ class Policy:
     name: str
     prefill_replicas: int
     decider: str
+    rest: str = "decode"
+    """The role of the replicas beside the prefill ones: ``decode``, or ``both`` (a mixed fleet)."""
+
+    def roles(self, replicas: int) -> tuple[str, ...]:
+        return split_roles(replicas, self.prefill_replicas, self.rest)
 
 
 def policies(args: argparse.Namespace) -> list[Policy]:
@@ -48,6 +54,8 @@ def policies(args: argparse.Namespace) -> list[Policy]:
     for p in _ints(args.conditional_splits):
         fleet = "all both" if p == 0 else f"{p}P:{args.replicas - p}D"
         chosen.append(Policy(f"kvgate conditional {fleet}", p, "kvgate"))
+    for p in _ints(args.conditional_mixed):
+        chosen.append(Policy(f"kvgate conditional {p}P:{args.replicas - p}B", p, "kvgate", "both"))
     split = f"{args.peer_split}P:{args.replicas - args.peer_split}D"
     chosen += [Policy(f"{decider} {split}", args.peer_split, decider) for decider in ("llm-d", "dynamo")]
     return chosen
@@ -85,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--splits", default="2,3,4", help="prefill replicas of the always-disaggregate fleets")
     parser.add_argument(
         "--conditional-splits", default="0,2", help="prefill replicas of kvgate's conditional fleets (0: all both)"
+    )
+    parser.add_argument(
+        "--conditional-mixed",
+        default="",
+        help="prefill replicas of kvgate's conditional fleets whose other replicas are both (none by default)",
     )
     parser.add_argument("--peer-split", type=int, default=2, help="prefill replicas of the peers' decider fleets")
     parser.add_argument("--kv-bandwidth-gb-s", type=float, default=25.0, help="KV pull bandwidth per GPU, GB/s")
@@ -147,7 +160,7 @@ def main(argv: list[str]) -> int:
             window: dict[str, float] = {}
             for policy in chosen:
                 started = time.perf_counter()
-                setup = PdSetup(split_roles(args.replicas, policy.prefill_replicas), policy.decider, per_token)
+                setup = PdSetup(policy.roles(args.replicas), policy.decider, per_token)
                 sim = PdVirtualFleet(contender_for(policy, routing), fleet, setup, seed)
                 outcome = sim.run(requests)
                 row = users_row(policy.name, outcome.load, args.ttft_slo, args.itl_slo)

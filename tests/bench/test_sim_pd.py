@@ -1,12 +1,14 @@
 """P/D fleets in ``bench simulate`` (bench/sim/sim_pd.py): roles, the split's timeline, repeatability."""
 
+from dataclasses import replace
+
 import pytest
 
 from bench.cli import scaled_costs
 from bench.harness.contenders import Contender
 from bench.sim.sim_pd import PdSetup, PdVirtualFleet, split_roles
+from bench.sim.sim_pd_cli import build_parser, policies, seed_summary, transfer_s_per_token
 from bench.sim.sim_pd_cli import main as simulate_pd_main
-from bench.sim.sim_pd_cli import seed_summary, transfer_s_per_token
 from bench.sim.simulate import SimFleet
 from bench.workloads.types import BenchRequest
 from engine.sim.sim_runner import SMOLLM2_CPU
@@ -96,6 +98,32 @@ def test_a_fleet_of_both_replicas_splits_only_with_among_both_as_the_gateway_doe
     assert off.pd.split == 0 and off.pd.local == len(results) == len(long_prompts())
     assert all("pd-off" in (result.route_reason or "") for result in results)
     assert run("kvgate", prefill=0, contender=AMONG_BOTH).pd.split == len(long_prompts())
+
+
+def test_a_mixed_fleet_prefills_legs_on_its_prefill_replica_and_decodes_on_the_both_ones() -> None:
+    """1 ``prefill`` + 2 ``both`` (``--conditional-mixed 1``): the prefill replica serves no client
+    request, and long cold prompts arriving faster than one replica prefills them split onto it."""
+    roles = split_roles(3, 1, "both")
+    assert roles == ("prefill", "both", "both")
+    fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(roles, "kvgate", TRANSFER_S))
+    burst = [replace(request, arrival_s=request.arrival_s / 4) for request in long_prompts(count=20)]
+    results = fleet.run(burst).load.results
+    assert all(result.ok for result in results)
+    assert {result.backend for result in results} <= {"replica-1", "replica-2"}
+    assert 0 < fleet.pd.split < len(burst)
+    assert {leg.prefill for leg in fleet.pd.legs.values()} == {"replica-0"}
+    for backend in fleet.backends:
+        assert backend.in_flight == backend.kv_reserved_blocks == 0
+        assert backend.replica.block_manager.num_free_blocks == backend.replica.block_manager.num_blocks
+
+
+def test_the_command_names_a_mixed_fleet_by_its_roles() -> None:
+    args = build_parser().parse_args(["--replicas", "8", "--conditional-splits", "0", "--conditional-mixed", "1"])
+    conditional = [policy for policy in policies(args) if policy.decider == "kvgate"]
+    assert [policy.name for policy in conditional] == ["kvgate conditional all both", "kvgate conditional 1P:7B"]
+    assert conditional[1].roles(8) == ("prefill",) + ("both",) * 7
+    with pytest.raises(ValueError, match="decode or both"):
+        split_roles(3, 1, "prefill")
 
 
 def test_runs_are_exactly_repeatable() -> None:

@@ -50,6 +50,8 @@ class Fleet:
     """A gateway in front of ``single`` alone: the answer to compare with."""
     among_both: ManagedProcess
     """A gateway in front of the same two engines as ``both`` replicas, splitting among them."""
+    mixed: ManagedProcess
+    """A gateway in front of the same two engines as a ``prefill`` and a ``both`` replica (a mixed fleet)."""
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "routing": {"disaggregation": {"mode": "always", "among_both": True}},
         "health": health,
     }
+    mixed_config = {
+        **pd_config,
+        "listen": {"port": free_port()},
+        "backends": [
+            {"name": "prefill", "url": prefill.url, "role": "prefill"},
+            {"name": "serving", "url": decode.url, "role": "both"},
+        ],
+    }
     configs = {
         "pd": pd_config,
+        "mixed": mixed_config,
         "always": always_config,
         "aggregated": aggregated_config,
         "among_both": among_both_config,
@@ -98,6 +109,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 gateways["always"],
                 gateways["aggregated"],
                 gateways["among_both"],
+                gateways["mixed"],
             )
     finally:
         for engine in engines:
@@ -238,6 +250,19 @@ def test_replicas_all_both_split_among_themselves_and_answer_as_the_aggregated_e
     assert content(split) == content(ask(fleet.aggregated, messages))
     prompt = usage(split)["prompt_tokens"]
     assert usage(split)["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // BLOCK * BLOCK
+
+
+def test_a_mixed_fleets_idle_both_replica_prefills_a_long_prompt_itself(fleet: Fleet) -> None:
+    """Beside a ``prefill`` replica, a ``both`` replica serves the client requests, and one with no
+    decodes to stall takes a long cold prompt's prefill for nothing: the split would only add the
+    transfer (the decider prices a ``both`` replica's stall by the decodes it breaks)."""
+    messages = document_question()
+    reply = ask(fleet.mixed, messages)
+    assert reply.headers["x-kvgate-backend"] == "serving"
+    assert "pd=local-prefill-cheaper" in reply.headers["x-kvgate-route-reason"]
+    assert reply.headers["x-kvgate-pd-estimate"].startswith("pd-local")
+    assert "x-kvgate-prefill-backend" not in reply.headers
+    assert content(reply) == content(ask(fleet.aggregated, messages))
 
 
 def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_locally(fleet: Fleet) -> None:
