@@ -86,14 +86,20 @@ def adapters(adapter_folders: dict[str, Path]) -> dict[str, LoRARef]:
     return lora_refs(tuple(LoRAModule(name, path) for name, path in adapter_folders.items()))
 
 
-@pytest.fixture(scope="module")
-def engine(adapter_folders: dict[str, Path]) -> LLMEngine:
+@pytest.fixture(
+    scope="module",
+    params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))],
+)
+def engine(adapter_folders: dict[str, Path], request: pytest.FixtureRequest) -> LLMEngine:
     """A 16-token step budget: the mixed batch's prompts are prefilled in chunks while earlier
-    ones decode, so one step holds decode and prefill rows of several adapters."""
+    ones decode, so one step holds decode and prefill rows of several adapters. On the CPU, and on
+    a CUDA device where there is one (float32 on both: PEFT's greedy output is the reference)."""
     modules = tuple(LoRAModule(name, path) for name, path in adapter_folders.items())
     configs = tuple(check_modules(modules, MODEL, max_rank=16))
     num_blocks = 64
-    runner = TorchModelRunner(MODEL, block_size=BLOCK_SIZE, num_blocks=num_blocks, adapters=configs)
+    runner = TorchModelRunner(
+        MODEL, block_size=BLOCK_SIZE, num_blocks=num_blocks, device=request.param, adapters=configs
+    )
     scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE, MODEL), max_num_seqs=8, max_num_batched_tokens=16)
     tokenizer = ChatTokenizer.load(MODEL).tokenizer
     return LLMEngine(runner, scheduler, tokenizer, EngineMetrics(MODEL, BLOCK_SIZE, num_blocks), check_invariants=True)
