@@ -237,9 +237,10 @@ class Dispatcher:
     def _place(self, request: RouteRequest, tried: set[str], may_hold: bool = True) -> Placement[Backend] | None:
         """A replica with a free slot and room for the request's KV blocks, or a hold for its owner
         (late binding); None when all are full (gateway/routing/placement.py)."""
+        config = self.router.config
         usable = [
             backend
-            for backend in self.pool.usable(request.model)
+            for backend in self.pool.usable(request.model, config.disaggregation, config.prefill_tokens_per_s)
             if backend.name not in tried and backend.serves_adapter(request.adapter)
         ]
         if not usable:

@@ -200,7 +200,7 @@ class Disaggregation:
             decode_cached,
             candidates,
             self.block_size,
-            lambda backend: backend.spec.role == "both",
+            lambda backend: backend.spec.role == "both" or bool(backend.state().decodes),
             decode_prefills=decode.spec.role == "both",
         )
         if leg is None:

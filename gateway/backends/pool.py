@@ -16,6 +16,7 @@ from gateway.backends.secret_redaction import Redactor, backend_secrets, redacto
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.pd_decider import fleet_disaggregates
+from gateway.routing.prefill_overflow import prefill_replicas_serve
 from gateway.routing.types import ReplicaState
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 
@@ -181,14 +182,23 @@ class BackendPool:
     def serving(self, model: str) -> list[Backend]:
         return [backend for backend in self.backends.values() if backend.model == model]
 
-    def usable(self, model: str) -> list[Backend]:
+    def usable(
+        self, model: str, settings: DisaggregationConfig | None = None, assumed_tokens_per_s: float = 1.0
+    ) -> list[Backend]:
         """The replicas of ``model`` that may take a client's request (healthy, not draining, breaker
-        closed, not prefill-only).
+        closed, not prefill-only; prefill-only ones too while ``settings`` says the fleet is past
+        capacity, gateway/routing/prefill_overflow.py, at ``assumed_tokens_per_s`` where a replica
+        reports no prefill rate).
 
         This is the routing pipeline's filter stage, in the one place that knows these facts;
         the dispatcher then keeps those with a free slot and hands them to the router.
         """
-        return [backend for backend in self.serving(model) if backend.usable and backend.takes_client_requests]
+        usable = [backend for backend in self.serving(model) if backend.usable]
+        serving = [backend for backend in usable if backend.takes_client_requests]
+        if settings is None or settings.prefill_overflow_s is None or len(serving) == len(usable):
+            return serving
+        overflowing = prefill_replicas_serve([backend.state() for backend in serving], settings, assumed_tokens_per_s)
+        return usable if overflowing else serving
 
     def prefill_usable(self, model: str) -> list[Backend]:
         """The replicas of ``model`` that may take a prefill leg now (role ``prefill`` or ``both``)."""

@@ -29,9 +29,10 @@ def place(
     """A replica with a free slot and room for the request's KV blocks; None when all are full.
 
     503 when no replica of the model is usable, or none of the subset is."""
+    routing = core.router.config
     usable = [
         backend
-        for backend in core.pool.usable(request.model)
+        for backend in core.pool.usable(request.model, routing.disaggregation, routing.prefill_tokens_per_s)
         if backend.serves_adapter(request.adapter) and (subset is None or address(backend) in subset)
     ]
     if not usable:

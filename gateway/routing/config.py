@@ -51,6 +51,11 @@ class DisaggregationConfig(ConfigSection):
     another replica, the one where the split costs least (gateway/routing/pd_leg.py), without
     setting any replica apart for prefill. Every engine needs a KV connector (``kvgate up`` then
     starts its engines with one). Off: such a model runs as if P/D did not exist."""
+    prefill_overflow_s: float | None = Field(None, gt=0)
+    """A ``prefill`` replica takes client requests too while every replica that serves clients has
+    more than this many seconds of prefill queued (the fleet is past capacity), so a mixed fleet
+    keeps all its replicas decoding then (gateway/routing/prefill_overflow.py; 1.0 is the value
+    measured). None: a ``prefill`` replica only ever takes prefill legs."""
     stall_free_tokens: int = Field(256, ge=0)
     """Uncached prompt tokens a prefill can run alongside decodes without stalling them (chunked
     prefill hides a chunk in a decode step): below it, a local prefill costs no one else's ITL, so

@@ -117,6 +117,26 @@ def test_a_mixed_fleet_prefills_legs_on_its_prefill_replica_and_decodes_on_the_b
         assert backend.replica.block_manager.num_free_blocks == backend.replica.block_manager.num_blocks
 
 
+def test_past_capacity_a_mixed_fleets_prefill_replica_serves_clients_only_with_overflow_set() -> None:
+    """``disaggregation.prefill_overflow_s`` (gateway/routing/prefill_overflow.py): a burst of long
+    prompts queues more than 0.5 s of prefill on both ``both`` replicas, so the prefill replica takes
+    client requests too; without the setting it never does."""
+    burst = [replace(request, arrival_s=request.arrival_s / 20) for request in long_prompts(count=30)]
+    served: dict[float | None, int] = {}
+    for limit in (None, 0.5):
+        routing = {"disaggregation": {"prefill_overflow_s": limit}}
+        contender = Contender("kvgate", "cache_aware", routing=routing)
+        fleet = PdVirtualFleet(contender, FLEET, PdSetup(split_roles(3, 1, "both"), "kvgate", TRANSFER_S))
+        results = fleet.run(burst).load.results
+        assert all(result.ok for result in results)
+        served[limit] = sum(result.backend == "replica-0" for result in results)
+        for backend in fleet.backends:
+            assert backend.in_flight == backend.kv_reserved_blocks == 0
+            assert backend.replica.block_manager.num_free_blocks == backend.replica.block_manager.num_blocks
+    assert served[None] == 0
+    assert 0 < served[0.5] < len(burst)
+
+
 def test_the_command_names_a_mixed_fleet_by_its_roles() -> None:
     args = build_parser().parse_args(["--replicas", "8", "--conditional-splits", "0", "--conditional-mixed", "1"])
     conditional = [policy for policy in policies(args) if policy.decider == "kvgate"]

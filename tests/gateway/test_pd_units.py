@@ -13,7 +13,8 @@ from gateway.config import BackendSpec, ConfigError, HealthConfig, parse_config
 from gateway.pd_dispatch import PdChoice, PdOutcome, disaggregable, local_choice
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.pd_decider import PdDecision
-from gateway.routing.types import RouteDecision, RouteReason
+from gateway.routing.prefill_overflow import prefill_replicas_serve, queued_prefill_s
+from gateway.routing.types import ReplicaState, RouteDecision, RouteReason
 
 
 def backend(name: str, role: Literal["prefill", "decode", "both"]) -> Backend:
@@ -40,6 +41,37 @@ def test_the_pool_keeps_prefill_replicas_from_client_requests_and_decode_replica
     all_both = BackendPool([backend("x", "both"), backend("y", "both")], HealthConfig())
     assert not all_both.disaggregates("m", settings)
     assert all_both.disaggregates("m", DisaggregationConfig(among_both=True))
+
+
+def test_a_prefill_replica_takes_client_requests_only_while_every_serving_replica_is_past_the_overflow_limit() -> None:
+    """``prefill_overflow_s``: 1,000 queued tokens at 1,000 tokens a second is one second of prefill."""
+    pool = BackendPool([backend("p", "prefill"), backend("b1", "both"), backend("b2", "both")], HealthConfig())
+    b1, b2 = pool.backends["b1"], pool.backends["b2"]
+    overflow = DisaggregationConfig(prefill_overflow_s=0.5)
+
+    def takers(settings: DisaggregationConfig) -> list[str]:
+        return [replica.name for replica in pool.usable("m", settings, assumed_tokens_per_s=1000.0)]
+
+    with b1.occupy(1000, 0):
+        assert takers(overflow) == ["b1", "b2"], "one serving replica still has room"
+        with b2.occupy(400, 0):
+            assert takers(overflow) == ["b1", "b2"], "0.4 s queued is under the limit"
+            with b2.occupy(200, 0):
+                assert takers(overflow) == ["p", "b1", "b2"], "both past 0.5 s: the prefill replica serves too"
+                assert takers(DisaggregationConfig()) == ["b1", "b2"], "off by default"
+                assert takers(DisaggregationConfig(prefill_overflow_s=2.0)) == ["b1", "b2"]
+    assert takers(overflow) == ["b1", "b2"], "the queues drained: back to prefill legs only"
+
+
+def test_overflow_reads_the_replicas_reported_queue_and_rate_first() -> None:
+    settings = DisaggregationConfig(prefill_overflow_s=1.0)
+    reported = ReplicaState("r", "m", True, 1, 0, queued_prefill_tokens=3000, prefill_tokens_per_s=2000.0)
+    own_count = ReplicaState("o", "m", True, 1, 1500)
+    assert queued_prefill_s(reported, 100.0) == 1.5
+    assert queued_prefill_s(own_count, 1000.0) == 1.5
+    assert prefill_replicas_serve([reported, own_count], settings, 1000.0)
+    assert not prefill_replicas_serve([reported, own_count], DisaggregationConfig(prefill_overflow_s=1.5), 1000.0)
+    assert not prefill_replicas_serve([], settings, 1000.0), "no serving replica: nothing is past capacity"
 
 
 def test_the_prefill_leg_is_one_unstreamed_token_that_asks_for_a_remote_decode() -> None:
