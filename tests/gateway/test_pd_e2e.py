@@ -52,6 +52,9 @@ class Fleet:
     """A gateway in front of the same two engines as ``both`` replicas, splitting among them."""
     mixed: ManagedProcess
     """A gateway in front of the same two engines as a ``prefill`` and a ``both`` replica (a mixed fleet)."""
+    overflow: ManagedProcess
+    """The mixed fleet whose ``prefill`` replica serves clients while the ``both`` one has over 50 ms
+    of prefill queued (``prefill_overflow_s``)."""
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +95,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             {"name": "serving", "url": decode.url, "role": "both"},
         ],
     }
+    overflow_config = {
+        **mixed_config,
+        "listen": {"port": free_port()},
+        "routing": {"prefill_rate_spread": 100, "disaggregation": {"prefill_overflow_s": 0.05}},
+    }
     configs = {
         "pd": pd_config,
         "mixed": mixed_config,
+        "overflow": overflow_config,
         "always": always_config,
         "aggregated": aggregated_config,
         "among_both": among_both_config,
@@ -110,6 +119,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 gateways["aggregated"],
                 gateways["among_both"],
                 gateways["mixed"],
+                gateways["overflow"],
             )
     finally:
         for engine in engines:
@@ -263,6 +273,34 @@ def test_a_mixed_fleets_idle_both_replica_prefills_a_long_prompt_itself(fleet: F
     assert reply.headers["x-kvgate-pd-estimate"].startswith("pd-local")
     assert "x-kvgate-prefill-backend" not in reply.headers
     assert content(reply) == content(ask(fleet.aggregated, messages))
+
+
+def test_past_the_overflow_limit_a_mixed_fleets_prefill_replica_serves_a_client_request(fleet: Fleet) -> None:
+    """While the ``both`` replica prefills a long prompt (seconds on a CPU, far past 50 ms queued), the
+    next request may go to the ``prefill`` replica, which answers it whole; once idle, it takes none."""
+    long_prompt = [{"role": "user", "content": f"Case {uuid.uuid4().hex}.\n{DOCUMENT * 4}\nSummarise."}]
+    body = {"model": MODEL, "messages": long_prompt, "max_tokens": 4, "temperature": 0}
+
+    messages = document_question()
+
+    async def run() -> tuple[HttpReply, dict[str, str]]:
+        async with aiohttp.ClientSession() as session:
+            busy = asyncio.create_task(session.post(f"{fleet.overflow.url}/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 60
+            while in_flight(fleet.overflow)["serving"] == 0:
+                assert not busy.done() and time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            second = await asyncio.to_thread(ask, fleet.overflow, messages)
+            async with await busy as reply:
+                assert reply.status == 200
+                return second, dict(reply.headers)
+
+    second, first_headers = asyncio.run(run())
+    assert first_headers["x-kvgate-backend"] == "serving"
+    assert second.headers["x-kvgate-backend"] == "prefill", second.headers["x-kvgate-route-reason"]
+    assert content(second) == content(ask(fleet.aggregated, messages))
+    idle = ask(fleet.overflow, document_question())
+    assert idle.headers["x-kvgate-backend"] == "serving", "no queue: the prefill replica takes no client"
 
 
 def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_locally(fleet: Fleet) -> None:
