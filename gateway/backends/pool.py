@@ -95,7 +95,8 @@ class Backend:
 
     @property
     def takes_client_requests(self) -> bool:
-        """Serves a client's whole request (or a decode leg): every role but ``prefill``."""
+        """Serves a client's whole request (or a decode leg): every role but ``prefill`` (which does too
+        past ``prefill_overflow_s``: ``BackendPool.usable``)."""
         return self.spec.role != "prefill"
 
     @property
