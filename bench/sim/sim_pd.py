@@ -36,7 +36,7 @@ from gateway.in_flight import InFlight
 from gateway.routing.pd_decider import fleet_disaggregates
 from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import Placement, place
-from gateway.routing.prefill_overflow import prefill_replicas_serve
+from gateway.routing.prefill_overflow import client_candidates
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import RouteTicket
 from gateway.routing.types import RouteDecision, RouteRequest
@@ -110,15 +110,15 @@ class PdVirtualFleet(VirtualFleet):
     def _route_candidates(self) -> list[SimBackend]:
         """The replicas that serve clients; ``prefill`` ones too while the fleet is past capacity
         and ``prefill_overflow_s`` is set (gateway/routing/prefill_overflow.py), as the gateway's pool."""
-        serving = [backend for backend in self.backends if self.roles[backend.replica.name] != "prefill"]
         assert self.router is not None
         config = self.router.config
-        settings = config.disaggregation
-        if settings.prefill_overflow_s is None or len(serving) == len(self.backends):
-            return serving
-        states = [backend.state() for backend in serving]
-        overflowing = prefill_replicas_serve(states, settings, config.prefill_tokens_per_s)
-        return list(self.backends) if overflowing else serving
+        return client_candidates(
+            self.backends,
+            lambda backend: self.roles[backend.replica.name] != "prefill",
+            SimBackend.state,
+            config.disaggregation,
+            config.prefill_tokens_per_s,
+        )
 
     def _dispatch(
         self,

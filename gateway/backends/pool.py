@@ -16,7 +16,7 @@ from gateway.backends.secret_redaction import Redactor, backend_secrets, redacto
 from gateway.config import BackendSpec, HealthConfig
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.pd_decider import fleet_disaggregates
-from gateway.routing.prefill_overflow import prefill_replicas_serve
+from gateway.routing.prefill_overflow import client_candidates
 from gateway.routing.types import ReplicaState
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 
@@ -158,6 +158,14 @@ class Backend:
         return False
 
 
+_NO_OVERFLOW = DisaggregationConfig()
+"""No ``prefill_overflow_s``: a ``prefill`` replica takes no client request."""
+
+
+def _takes_client_requests(backend: Backend) -> bool:
+    return backend.takes_client_requests
+
+
 class BackendPool:
     """All backends by name, with an active health checker."""
 
@@ -195,11 +203,9 @@ class BackendPool:
         the dispatcher then keeps those with a free slot and hands them to the router.
         """
         usable = [backend for backend in self.serving(model) if backend.usable]
-        serving = [backend for backend in usable if backend.takes_client_requests]
-        if settings is None or settings.prefill_overflow_s is None or len(serving) == len(usable):
-            return serving
-        overflowing = prefill_replicas_serve([backend.state() for backend in serving], settings, assumed_tokens_per_s)
-        return usable if overflowing else serving
+        return client_candidates(
+            usable, _takes_client_requests, Backend.state, settings or _NO_OVERFLOW, assumed_tokens_per_s
+        )
 
     def prefill_usable(self, model: str) -> list[Backend]:
         """The replicas of ``model`` that may take a prefill leg now (role ``prefill`` or ``both``)."""

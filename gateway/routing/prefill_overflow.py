@@ -10,10 +10,13 @@ windows of the P/D goal (every run identical) and won most of the overload loss 
 Shared by the gateway's dispatch (gateway/backends/pool.py) and ``bench simulate-pd``.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from gateway.routing.config import DisaggregationConfig
 from gateway.routing.types import ReplicaState
+
+SlotT = TypeVar("SlotT")
 
 
 def queued_prefill_s(state: ReplicaState, assumed_tokens_per_s: float) -> float:
@@ -36,3 +39,20 @@ def prefill_replicas_serve(
         and bool(serving)
         and all(queued_prefill_s(state, assumed_tokens_per_s) > limit for state in serving)
     )
+
+
+def client_candidates(
+    usable: Sequence[SlotT],
+    takes_clients: Callable[[SlotT], bool],
+    state: Callable[[SlotT], ReplicaState],
+    settings: DisaggregationConfig,
+    assumed_tokens_per_s: float,
+) -> list[SlotT]:
+    """The ``usable`` replicas a client request may go to: those that ``takes_clients`` (every role but
+    ``prefill``), and the ``prefill`` ones too while ``prefill_replicas_serve`` (a state is read only
+    then)."""
+    serving = [slot for slot in usable if takes_clients(slot)]
+    if settings.prefill_overflow_s is None or len(serving) == len(usable):
+        return serving
+    overflowing = prefill_replicas_serve([state(slot) for slot in serving], settings, assumed_tokens_per_s)
+    return list(usable) if overflowing else serving
