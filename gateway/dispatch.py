@@ -189,8 +189,11 @@ class Dispatcher:
                     decision.ranked,
                     retention_key=decision.retention_key,
                 )
+            plan = self._plan(request, placement, decision, forwarding)
+            if plan.decode is not None:
+                placement, decision = plan.decode, plan.decode.decision
             try:
-                response, outcome = await self._forward(request, placement, decision, forwarding, answered)
+                response, outcome = await self._forward(request, placement, decision, plan, forwarding, answered)
             except PrefillRefused as refused:
                 progress = forwarding.progress
                 return Dispatched(
@@ -251,11 +254,26 @@ class Dispatcher:
                 self.router, request, [backend for backend in usable if backend.has_room], self.block_size, may_hold
             )
 
+    def _plan(
+        self, request: RouteRequest, placement: Placement[Backend], decision: RouteDecision, forwarding: Forwarding
+    ) -> PdPlan:
+        """Where the request's prefill runs and, when elsewhere, where it decodes (gateway/pd_dispatch.py):
+        only a request sent in the OpenAI form disaggregates, so it decodes only where it stays in it."""
+        native = forwarding.native is not None and placement.backend.spec.anthropic_messages
+        eligible = disaggregable(forwarding.path, forwarding.body, native)
+        retry = decision.reason == RouteReason.RETRY
+
+        def keeps_form(backend: Backend) -> bool:
+            return forwarding.native is None or not backend.spec.anthropic_messages
+
+        return self.disaggregation.plan(request, placement, eligible, retry, keeps_form)
+
     async def _forward(
         self,
         request: RouteRequest,
         placement: Placement[Backend],
         decision: RouteDecision,
+        plan: PdPlan,
         forwarding: Forwarding,
         answered: AnsweredErrors,
     ) -> tuple[web.StreamResponse, UpstreamOutcome]:
@@ -271,9 +289,6 @@ class Dispatcher:
         prediction."""
         backend = placement.backend
         native = forwarding.native if backend.spec.anthropic_messages else None
-        eligible = disaggregable(forwarding.path, forwarding.body, native is not None)
-        retry = decision.reason == RouteReason.RETRY
-        plan = self.disaggregation.plan(request, backend, decision.predicted_cached_tokens, eligible, retry)
         routed_decision, decision = decision, plan.decode_decision(decision)
         forwarding.progress.pd = plan.outcome
 

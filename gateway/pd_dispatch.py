@@ -33,6 +33,7 @@ from gateway.backends.upstream_client import UpstreamClient
 from gateway.config import TimeoutsConfig
 from gateway.in_flight import InFlight
 from gateway.routing.pd_decider import PdDecision
+from gateway.routing.pd_decode import split_decode_placement
 from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import Placement
 from gateway.routing.router import Router
@@ -102,6 +103,8 @@ class PdPlan:
 
     outcome: PdOutcome | None = None
     prefill: Placement[Backend] | None = None
+    decode: Placement[Backend] | None = None
+    """Where a split request decodes: the router's placement or a cheaper one for the split."""
     params: dict[str, Any] | None = field(default=None, repr=False)
     """The prefill answer's ``kv_transfer_params``, once its leg succeeded."""
 
@@ -182,12 +185,22 @@ class Disaggregation:
         self.block_size = block_size
         self.on_freed = on_freed
 
-    def plan(self, request: RouteRequest, decode: Backend, decode_cached: int, eligible: bool, retry: bool) -> PdPlan:
-        """Decide, synchronously (nothing else routes meanwhile), where the request's prefill runs."""
+    def plan(
+        self,
+        request: RouteRequest,
+        routed: Placement[Backend],
+        eligible: bool,
+        retry: bool,
+        may_decode: Callable[[Backend], bool],
+    ) -> PdPlan:
+        """Decide, synchronously (nothing else routes meanwhile), where the request's prefill runs and,
+        when it runs elsewhere, where it decodes: ``routed`` (the router's placement) or the replica
+        ``may_decode`` allows where the split costs least (gateway/routing/pd_decode.py)."""
         if not eligible or not self.pool.disaggregates(request.model, self.router.config.disaggregation):
             return PdPlan()
         if retry:
             return PdPlan(PdOutcome(PdChoice.LOCAL_RETRY))
+        decode, decode_cached = routed.backend, routed.decision.predicted_cached_tokens
         candidates = [
             backend
             for backend in self.pool.prefill_usable(request.model)
@@ -207,10 +220,24 @@ class Disaggregation:
             return PdPlan(PdOutcome(PdChoice.LOCAL_NO_PREFILL_REPLICA))
         config = self.router.config
         choice = local_choice(verdict, request.prompt_tokens, decode_cached, config.disaggregation.stall_free_tokens)
-        outcome = PdOutcome(choice, leg.backend.name, estimate=verdict.reason)
         if not verdict.disaggregate:
-            return PdPlan(outcome)
-        return PdPlan(outcome, leg)
+            return PdPlan(PdOutcome(choice, leg.backend.name, estimate=verdict.reason))
+        decoders = [
+            backend
+            for backend in self.pool.usable(request.model, config.disaggregation, config.prefill_tokens_per_s)
+            if backend.has_room and backend.serves_adapter(request.adapter) and may_decode(backend)
+        ]
+        placed, verdict = split_decode_placement(
+            self.router,
+            request,
+            routed,
+            verdict,
+            leg,
+            decoders,
+            self.block_size,
+            Backend.state,
+        )
+        return PdPlan(PdOutcome(choice, leg.backend.name, estimate=verdict.reason), leg, placed)
 
     async def run_leg(
         self,

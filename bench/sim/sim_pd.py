@@ -34,12 +34,13 @@ from bench.sim.sim_replica import SimRequest
 from bench.sim.simulate import SimBackend, SimFleet, VirtualFleet
 from gateway.in_flight import InFlight
 from gateway.routing.pd_decider import fleet_disaggregates
+from gateway.routing.pd_decode import split_decode_placement
 from gateway.routing.pd_leg import place_prefill_leg
 from gateway.routing.placement import Placement, place
 from gateway.routing.prefill_overflow import client_candidates
 from gateway.routing.retention_keys import retention_hint
 from gateway.routing.router import RouteTicket
-from gateway.routing.types import RouteDecision, RouteRequest
+from gateway.routing.types import ReplicaState, RouteDecision, RouteRequest
 
 ROLES = ("prefill", "decode", "both")
 DECIDERS = ("never", "always", "kvgate", "llm-d", "dynamo")
@@ -131,22 +132,26 @@ class PdVirtualFleet(VirtualFleet):
         result: RequestResult,
         finished: Callable[[SimRequest, float], None],
     ) -> None:
-        prefill, split, why = self._plan(decision, route)
-        if prefill is None or not split or ticket is None:
+        routed = None if ticket is None else Placement(self._by_name[decision.backend], ticket, uncached, kv_blocks)
+        prefill, split, why, decode = self._plan(decision, route, routed)
+        if prefill is None or not split or decode is None:
             self.pd.local += 1
             super()._dispatch(decision, ticket, uncached, kv_blocks, route, prompt, result, finished)
             result.route_reason = f"{decision.reason} {why}"
             return
         self.pd.split += 1
-        self._dispatch_split(decision, ticket, kv_blocks, prefill, route, prompt, result, finished)
-        result.route_reason = f"{decision.reason} {why} prefill={prefill.backend.replica.name}"
+        self._dispatch_split(decode, prefill, route, prompt, result, finished)
+        result.route_reason = f"{decode.decision.reason} {why} prefill={prefill.backend.replica.name}"
 
-    def _plan(self, decision: RouteDecision, route: RouteRequest) -> tuple[Placement[SimBackend] | None, bool, str]:
-        """The prefill leg's placement, whether to split, and why: kvgate's decider as the gateway
-        runs it (gateway/routing/pd_leg.py), the others on the router's pick of the leg."""
+    def _plan(
+        self, decision: RouteDecision, route: RouteRequest, routed: Placement[SimBackend] | None
+    ) -> tuple[Placement[SimBackend] | None, bool, str, Placement[SimBackend] | None]:
+        """The prefill leg's placement, whether to split, why, and the decode placement: kvgate's
+        decider as the gateway runs it (gateway/routing/pd_leg.py, gateway/routing/pd_decode.py),
+        the others on the router's picks."""
         setup = self.setup
         if setup.decider == "never":
-            return None, False, "pd-never"
+            return None, False, "pd-never", routed
         assert self.router is not None
         candidates = [
             backend
@@ -155,28 +160,47 @@ class PdVirtualFleet(VirtualFleet):
         ]
         if setup.decider == "kvgate":
             if not fleet_disaggregates(setup.roles, self.router.config.disaggregation):
-                return None, False, "pd-off: every replica both"
-            decode = self._by_name[decision.backend].state()
-            if self.roles[decision.backend] == "decode":
-                # As gateway/pd_dispatch.py: a decode-only replica measures only transfer tails' prefill.
-                decode = replace(decode, prefill_tokens_per_s=None)
+                return None, False, "pd-off: every replica both", routed
             leg, verdict = place_prefill_leg(
                 self.router,
                 route,
-                decode,
+                self._decider_state(self._by_name[decision.backend]),
                 decision.predicted_cached_tokens,
                 candidates,
                 self.fleet.block_size,
-                lambda backend: self.roles[backend.replica.name] == "both" or bool(backend.state().decodes),
+                self._decodes_there,
                 setup.transfer_s_per_token,
                 decode_prefills=self.roles[decision.backend] == "both",
             )
-            return leg, verdict.disaggregate, verdict.reason
+            if leg is None or routed is None or not verdict.disaggregate:
+                return leg, verdict.disaggregate, verdict.reason, routed
+            decode, verdict = split_decode_placement(
+                self.router,
+                route,
+                routed,
+                verdict,
+                leg,
+                self._route_candidates(),
+                self.fleet.block_size,
+                self._decider_state,
+                setup.transfer_s_per_token,
+            )
+            return leg, True, verdict.reason, decode
         leg = place(self.router, replace(route, max_tokens=1), candidates, self.fleet.block_size, may_hold=False)
         if leg is None:
-            return None, False, "pd-local: no prefill replica"
+            return None, False, "pd-local: no prefill replica", routed
         split, why = self._peer_rule(decision, route)
-        return leg, split, why
+        return leg, split, why, routed
+
+    def _decider_state(self, backend: SimBackend) -> ReplicaState:
+        """The replica as the decider sees it here: a ``decode`` replica's measured prefill rate left
+        out (its prefills are mostly pulled prompts' tails)."""
+        state = backend.state()
+        return replace(state, prefill_tokens_per_s=None) if self.roles[backend.replica.name] == "decode" else state
+
+    def _decodes_there(self, backend: SimBackend) -> bool:
+        """The replica runs decodes: it serves both phases, or it serves clients past capacity."""
+        return self.roles[backend.replica.name] == "both" or bool(backend.state().decodes)
 
     def _peer_rule(self, decision: RouteDecision, route: RouteRequest) -> tuple[bool, str]:
         """vLLM's proxies (always), llm-d's threshold and Dynamo's conditional disaggregation."""
@@ -197,9 +221,7 @@ class PdVirtualFleet(VirtualFleet):
 
     def _dispatch_split(
         self,
-        decision: RouteDecision,
-        ticket: RouteTicket,
-        kv_blocks: int,
+        placement: Placement[SimBackend],
         prefill: Placement[SimBackend],
         route: RouteRequest,
         prompt: list[int],
@@ -209,9 +231,9 @@ class PdVirtualFleet(VirtualFleet):
         """Prefill leg, pull, decode leg; the gateway counts the request on both replicas."""
         assert self.router is not None
         router = self.router
-        decode, source = self._by_name[decision.backend], prefill.backend
+        decision, decode, source = placement.decision, placement.backend, prefill.backend
         result.backend, result.status = decode.replica.name, 200
-        decode_flight = InFlight(router, Placement(decode, ticket, 0, kv_blocks), 0)
+        decode_flight = InFlight(router, placement, 0)
         leg_flight = InFlight(router, prefill, prefill.uncached_tokens)
         decode_flight.sent()
         leg_flight.sent()

@@ -117,6 +117,26 @@ def test_a_mixed_fleet_prefills_legs_on_its_prefill_replica_and_decodes_on_the_b
         assert backend.replica.block_manager.num_free_blocks == backend.replica.block_manager.num_blocks
 
 
+def test_a_split_follow_up_decodes_on_the_idle_replica_when_the_one_holding_its_prefix_is_decoding() -> None:
+    """gateway/routing/pd_decode.py as the gateway runs it: the follow-up's prefix is on the replica
+    decoding the first request, where the router places it; split, it prefills nothing there, and
+    with a fast link the idle decode replica, which lacks the prefix, serves it sooner."""
+    document = tuple(range(100_000, 101_500))
+    first = BenchRequest("first", "first", 0.0, 200, prompt_ids=document)
+    follow_up = BenchRequest("follow-up", "follow-up", 0.15, 16, prompt_ids=(*document, *range(200_000, 201_000)))
+    fleet = PdVirtualFleet(KVGATE, FLEET, PdSetup(split_roles(3, 1), "kvgate", 1e-7))
+    results = {result.request_id: result for result in fleet.run([first, follow_up]).load.results}
+    assert results["first"].backend == "replica-1" and (results["first"].route_reason or "").startswith(
+        "no-match pd-split"
+    )
+    assert results["follow-up"].backend == fleet.pd.legs["follow-up"].decode == "replica-2"
+    assert (results["follow-up"].route_reason or "").startswith("pd-decode-cost pd-split: est ")
+    assert fleet.pd.legs["follow-up"].moved_blocks == (len(document) + 1000) // FLEET.block_size, "it held none"
+    for backend in fleet.backends:
+        assert backend.in_flight == backend.kv_reserved_blocks == 0
+        assert backend.replica.block_manager.num_free_blocks == backend.replica.block_manager.num_blocks
+
+
 def test_past_capacity_a_mixed_fleets_prefill_replica_serves_clients_only_with_overflow_set() -> None:
     """``disaggregation.prefill_overflow_s`` (gateway/routing/prefill_overflow.py): a burst of long
     prompts queues more than 0.5 s of prefill on both ``both`` replicas, so the prefill replica takes

@@ -287,3 +287,46 @@ async def test_a_retry_after_the_decode_replica_failed_prefills_where_it_lands()
     assert sum(reason.startswith("retry; pd=local-prefill-retry") for reason in reasons) == len(dropping.bodies)
     retried = [body for body in healthy.bodies if "kv_transfer_params" not in body]
     assert len(retried) == len(dropping.bodies), "a retry prefills locally"
+
+
+async def test_a_split_request_decodes_where_it_waits_least_once_moving_its_kv_costs_nothing() -> None:
+    """The router places a follow-up on the replica holding its document, which is decoding the first
+    request; split, the follow-up prefills none of its prompt there, and with a free link
+    (``kv_bytes_per_token: 0``) the idle decode replica serves it sooner (gateway/routing/pd_decode.py)."""
+    arrivals = {"b": asyncio.Event(), "c": asyncio.Event()}
+    prefill = PdReplica(params=PARAMS)
+    decoders = {name: PdReplica(decode_arrived=arrived) for name, arrived in arrivals.items()}
+    document = " ".join(f"clause {index} of the contract." for index in range(300))
+    async with replicas(prefill, *decoders.values()) as urls:
+        config = pd_config(urls, mode="conditional")
+        config["backends"][2]["role"] = "decode"
+        config["routing"] = {"disaggregation": {"mode": "conditional", "kv_bytes_per_token": 0}}
+        async with gateway(config, None) as client:
+            first = asyncio.create_task(client.post("/v1/chat/completions", json=chat(f"{document} Summarise.")))
+            waits = [asyncio.create_task(arrived.wait()) for arrived in arrivals.values()]
+            await asyncio.wait(waits, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            [busy] = [name for name, arrived in arrivals.items() if arrived.is_set()]
+            [idle] = set(arrivals) - {busy}
+            decoders[idle].release.set()
+            safety = asyncio.get_running_loop().call_later(10, decoders[busy].release.set)  # fail, not hang
+            question = f"{document} Which clauses mention payment? " + "Answer in full. " * 300
+            async with client.post("/v1/chat/completions", json=chat(question)) as reply:
+                status, headers = reply.status, reply.headers
+            decoders[busy].release.set()
+            safety.cancel()
+            async with await first as answer:
+                first_status, first_headers = answer.status, answer.headers
+            pool = state(client).pool
+            occupancy = [
+                (b.in_flight, b.in_flight_prefill_tokens, b.kv_reserved_blocks) for b in pool.backends.values()
+            ]
+        for waiting in waits:
+            waiting.cancel()
+    assert first_status == status == 200
+    assert first_headers["x-kvgate-backend"] == busy and "pd=disaggregated" in first_headers["x-kvgate-route-reason"]
+    assert headers["x-kvgate-backend"] == idle and headers["x-kvgate-prefill-backend"] == "a"
+    assert headers["x-kvgate-route-reason"] == f"pd-decode-cost; pd=disaggregated; prefill=a; decode={idle}"
+    assert headers["x-kvgate-pd-estimate"].startswith("pd-split: est ")
+    assert [body["kv_transfer_params"] for body in decoders[idle].bodies] == [PARAMS]
+    assert len(decoders[busy].bodies) == 1 and len(prefill.bodies) == 2
+    assert occupancy == [(0, 0, 0)] * 3

@@ -55,6 +55,9 @@ class Fleet:
     overflow: ManagedProcess
     """The mixed fleet whose ``prefill`` replica serves clients while the ``both`` one has over 50 ms
     of prefill queued (``prefill_overflow_s``)."""
+    two_decodes: ManagedProcess
+    """A ``prefill`` replica and two ``decode`` ones (``decode`` and ``single``), moving KV for free
+    (``kv_bytes_per_token: 0``): a split request decodes where it waits least."""
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +103,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "listen": {"port": free_port()},
         "routing": {"prefill_rate_spread": 100, "disaggregation": {"prefill_overflow_s": 0.05}},
     }
+    two_decodes_config = {
+        **pd_config,
+        "listen": {"port": free_port()},
+        "backends": [
+            *pd_config["backends"],
+            {"name": "spare", "url": single.url, "role": "decode"},
+        ],
+        "routing": {"prefill_rate_spread": 100, "disaggregation": {"itl_weight": 1.0, "kv_bytes_per_token": 0}},
+    }
     configs = {
         "pd": pd_config,
+        "two_decodes": two_decodes_config,
         "mixed": mixed_config,
         "overflow": overflow_config,
         "always": always_config,
@@ -120,6 +133,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 gateways["among_both"],
                 gateways["mixed"],
                 gateways["overflow"],
+                gateways["two_decodes"],
             )
     finally:
         for engine in engines:
@@ -301,6 +315,42 @@ def test_past_the_overflow_limit_a_mixed_fleets_prefill_replica_serves_a_client_
     assert content(second) == content(ask(fleet.aggregated, messages))
     idle = ask(fleet.overflow, document_question())
     assert idle.headers["x-kvgate-backend"] == "serving", "no queue: the prefill replica takes no client"
+
+
+def test_a_split_follow_up_decodes_on_the_idle_replica_not_the_busy_one_holding_its_prefix(fleet: Fleet) -> None:
+    """The router places a follow-up on the decode replica holding its document, busy decoding the first
+    question; the follow-up splits and, its KV free to move, decodes on the idle decode replica
+    (gateway/routing/pd_decode.py), with the aggregated engine's answer and every block pulled."""
+    gateway = fleet.two_decodes
+    first = document_question()
+    body = {"model": MODEL, "messages": first, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    follow_up = [
+        first[0],
+        {"role": "user", "content": "List every clause that names a number above 100, with its number. " * 36},
+    ]
+
+    async def run() -> tuple[HttpReply, dict[str, str], str]:
+        async with aiohttp.ClientSession() as session:
+            busy = asyncio.create_task(session.post(f"{gateway.url}/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 60
+            while (counts := in_flight(gateway))["prefill"] or not counts["decode"] + counts["spare"]:
+                assert not busy.done() and time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            decoding = "decode" if counts["decode"] else "spare"
+            second = await asyncio.to_thread(ask, gateway, follow_up)
+            async with await busy as reply:
+                assert reply.status == 200
+                return second, dict(reply.headers), decoding
+
+    second, first_headers, decoding = asyncio.run(run())
+    idle = "spare" if decoding == "decode" else "decode"
+    assert first_headers["x-kvgate-backend"] == decoding, "the first question decodes where it was placed"
+    reason = second.headers["x-kvgate-route-reason"]
+    assert second.headers["x-kvgate-backend"] == idle, reason
+    assert reason == f"pd-decode-cost; pd=disaggregated; prefill=prefill; decode={idle}"
+    assert content(second) == content(ask(fleet.aggregated, follow_up))
+    prompt = usage(second)["prompt_tokens"]
+    assert usage(second)["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // BLOCK * BLOCK
 
 
 def test_a_prefill_engine_killed_mid_leg_leaves_the_decode_engine_to_prefill_locally(fleet: Fleet) -> None:
