@@ -4,12 +4,13 @@ Once the dispatcher has placed a request on a decode-capable replica (prefix-awa
 its load), ``Disaggregation.plan`` routes a one-token copy of the request over the
 prefill-capable replicas (prefix-aware, weighing their prefill load) and asks the decider
 (gateway/routing/pd_decider.py) whether moving the prefill pays: not when the decode replica
-already holds most of the prompt, nor when the uncached part is short. ``run_leg`` then sends
-the prefill leg (gateway/backends/prefill_leg.py) under the prefill replica's occupancy and
-router ticket, both settled once whatever happens, and returns the ``kv_transfer_params`` the
-decode leg carries. A prefill leg that fails (unreachable, 5xx, timeout, no params) leaves the
-decode replica to prefill locally; a 4xx the request's content caused is relayed to the client
-(``PrefillRefused``) and counts against no replica.
+already holds most of the prompt, nor when the uncached part is short; a request it splits then
+decodes where the split costs least, which may be another replica (gateway/routing/pd_decode.py).
+``run_leg`` then sends the prefill leg (gateway/backends/prefill_leg.py) under the prefill
+replica's occupancy and router ticket, both settled once whatever happens, and returns the
+``kv_transfer_params`` the decode leg carries. A prefill leg that fails (unreachable, 5xx,
+timeout, no params) leaves the decode replica to prefill locally; a 4xx the request's content
+caused is relayed to the client (``PrefillRefused``) and counts against no replica.
 
 Only requests with one sequence to generate on chat or text completions disaggregate: ``n`` or
 ``best_of`` above 1, several prompts, embeddings and Responses requests run as before.
