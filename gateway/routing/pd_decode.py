@@ -14,13 +14,11 @@ above the P/D bar, and raised its mean margin on Llama-3-70B TP4 by 0.5 (convers
 average (bench/notes/2026-12-04-split-decode-replica.md).
 """
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
-from gateway.admission.kv_blocks import blocks_needed
 from gateway.routing.context import RouteContext
 from gateway.routing.pd_decider import PdDecision, transfer_s_per_token
-from gateway.routing.placement import Placement, SlotT
+from gateway.routing.placement import Placement, SlotT, placement_on
 from gateway.routing.router import Router
 from gateway.routing.types import ReplicaState, RouteRequest
 
@@ -43,8 +41,8 @@ def split_decode_placement(
     its prefill ``leg``: the one of ``routed`` and ``candidates`` (replicas a client request may go
     to, with room) where the split costs least, with the verdict there. The leg costs the same
     whichever replica decodes, so they differ by the transfer of what each lacks and the queue
-    ahead of the request there. ``state_of(slot)``: the replica as the decider sees it
-    (``decider_state``); ``transfer_s``: seconds per token moved (default: the settings')."""
+    ahead of the request there. ``state_of(slot)``: the replica as the decider sees it;
+    ``transfer_s``: seconds per token moved (default: the settings')."""
     settings = router.config.disaggregation
     per_token = transfer_s_per_token(settings) if transfer_s is None else transfer_s
     ticket = routed.ticket
@@ -59,15 +57,11 @@ def split_decode_placement(
     routed_cost = decode_cost_s(routed.backend.name)
     best, best_cost = routed, routed_cost
     for slot in others:
-        cached = ticket.cached.get(slot.name, 0)
-        uncached = request.prompt_tokens - cached
-        kv_blocks = blocks_needed(uncached, request.max_tokens, block_size)
         cost = decode_cost_s(slot.name)
-        if cost < best_cost and states[slot.name].healthy and slot.fits(kv_blocks):
-            decision = dataclasses.replace(
-                ticket.decision, backend=slot.name, reason=DECODE_COST_REASON, predicted_cached_tokens=cached, hold=None
-            )
-            best, best_cost = Placement(slot, dataclasses.replace(ticket, decision=decision), uncached, kv_blocks), cost
+        if cost < best_cost and states[slot.name].healthy:
+            placed = placement_on(slot, ticket, request, block_size, DECODE_COST_REASON)
+            if slot.fits(placed.kv_blocks):
+                best, best_cost = placed, cost
     if best is routed:
         return routed, verdict
     split_cost = verdict.split_cost_s + best_cost - routed_cost

@@ -19,9 +19,8 @@ docstring) turned the 32-replica loss (-0.8, -1.1 points) into a tie or better (
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from gateway.admission.kv_blocks import blocks_needed
 from gateway.routing.pd_decider import PdDecision, decide_disaggregation
-from gateway.routing.placement import Placement, SlotT, place
+from gateway.routing.placement import Placement, SlotT, place, placement_on
 from gateway.routing.router import Router
 from gateway.routing.types import ReplicaState, RouteRequest
 
@@ -72,19 +71,12 @@ def place_prefill_leg(
     ticket = router.route(leg_request, states, may_hold=False)
     best: tuple[PdDecision, Placement[SlotT]] | None = None
     for slot, state in zip(candidates, states, strict=True):
-        cached = ticket.cached.get(slot.name, 0)
-        uncached = request.prompt_tokens - cached
-        kv_blocks = blocks_needed(uncached, leg_request.max_tokens, block_size)
-        if not state.healthy or not slot.fits(kv_blocks):
+        placed = placement_on(slot, ticket, leg_request, block_size, "pd-split-cost")
+        if not state.healthy or not slot.fits(placed.kv_blocks):
             continue
-        costed = verdict(slot, state, cached)
+        costed = verdict(slot, state, placed.decision.predicted_cached_tokens)
         if best is None or costed.split_cost_s < best[0].split_cost_s:
-            decision = ticket.decision
-            if decision.backend != slot.name:
-                decision = dataclasses.replace(
-                    decision, backend=slot.name, reason="pd-split-cost", predicted_cached_tokens=cached, hold=None
-                )
-            best = costed, Placement(slot, dataclasses.replace(ticket, decision=decision), uncached, kv_blocks)
+            best = costed, placed
     if best is None:
         return None, NO_PREFILL_REPLICA
     return best[1], best[0]

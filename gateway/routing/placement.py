@@ -11,7 +11,7 @@ the gateway's (``tests/bench/test_simulator_equals_gateway.py``).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from gateway.admission.kv_blocks import blocks_needed
@@ -61,3 +61,17 @@ def place(
             return Placement(slot, ticket, uncached, kv_blocks)
         remaining.remove(slot)
     return None
+
+
+def placement_on(
+    slot: SlotT, ticket: RouteTicket, request: RouteRequest, block_size: int, reason: str
+) -> Placement[SlotT]:
+    """``request`` placed on ``slot`` instead of where ``ticket`` routed it (a P/D leg or decode
+    costed past the router's ranking): the ticket's decision names ``slot``, its predicted cached
+    tokens and ``reason``; unchanged when ``slot`` is the router's pick."""
+    cached = ticket.cached.get(slot.name, 0)
+    if ticket.decision.backend != slot.name:
+        decision = replace(ticket.decision, backend=slot.name, reason=reason, predicted_cached_tokens=cached, hold=None)
+        ticket = replace(ticket, decision=decision)
+    uncached = request.prompt_tokens - cached
+    return Placement(slot, ticket, uncached, blocks_needed(uncached, request.max_tokens, block_size))
