@@ -15,6 +15,7 @@ import yaml
 from bench.harness.contenders import FleetSpec, contenders_for, sglang_install_hint, sglang_router_binary
 from bench.harness.processes import REPO
 from bench.harness.runner import RunSettings, run_benchmark
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, add_dynamo_argument
 from bench.workloads import WORKLOADS
 from engine.sim.sim_runner import SIM_PRESETS, SimCosts
 
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--peers", action="store_true", help="also run Dynamo's KV router and sglang-router (cache_aware, round_robin)"
     )
+    add_dynamo_argument(run, repeatable=True)
     run.add_argument(
         "--num-blocks",
         type=int,
@@ -196,7 +198,9 @@ def main(argv: list[str]) -> int:
     routing = {key: yaml.safe_load(value) for key, value in pairs(args.routing, "--routing").items()}
     contenders = [
         dataclasses.replace(contender, routing=routing) if contender.kind == "kvgate" else contender
-        for contender in contenders_for(args.policy.split(","), args.peers, _counts(args.gateways))
+        for contender in contenders_for(
+            args.policy.split(","), args.peers, _counts(args.gateways), args.dynamo or [DYNAMO_DEFAULTS]
+        )
     ]
     fleet = FleetSpec(
         replicas=len(args.replica_url) or args.replicas,

@@ -8,6 +8,7 @@ then the contender in front of them, and stops everything afterwards. Given repl
 engines) are not restarted: their prefix caches are reset through ``POST /reset_prefix_cache``.
 """
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,7 @@ from bench.harness.processes import (
     launch,
     wait_ready,
 )
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig
 from bench.peers.dynamo_service import register_worker, start_select_service, worker_registration
 from gateway.routing.config import POLICIES as KVGATE_POLICIES
 
@@ -44,7 +46,8 @@ class Contender:
     """kvgate, sglang-router, dynamo or direct."""
     policy: str
     routing: dict[str, object] = field(default_factory=dict)
-    """Extra ``routing:`` settings for kvgate (e.g. scorer weights)."""
+    """The router's settings: extra ``routing:`` keys for kvgate (e.g. scorer weights), the cost
+    knobs for Dynamo (``DynamoConfig``'s fields, bench/peers/dynamo_config.py)."""
     label: str = ""
     instances: int = 1
     """Gateways (or routers) of this kind in front of the same replicas; the load generator spreads
@@ -119,9 +122,23 @@ def dynamo_install_hint() -> str:
     )
 
 
-def contenders_for(policies: Sequence[str], peers: bool, gateways: Sequence[int] = (1,)) -> list[Contender]:
-    """kvgate with each policy, direct round robin, and with ``peers`` Dynamo's KV router and
-    sglang-router's policies; kvgate and sglang-router once per gateway count in ``gateways``."""
+def dynamo_contender(config: DynamoConfig, label: str = "dynamo kv") -> Contender:
+    """Dynamo's KV router with ``config``'s cost knobs, named by those it sets away from the defaults."""
+    changed = config.changed()
+    return Contender(
+        "dynamo", "kv", routing=dataclasses.asdict(config), label=f"{label} ({changed})" if changed else label
+    )
+
+
+def contenders_for(
+    policies: Sequence[str],
+    peers: bool,
+    gateways: Sequence[int] = (1,),
+    dynamo: Sequence[DynamoConfig] = (DYNAMO_DEFAULTS,),
+) -> list[Contender]:
+    """kvgate with each policy, direct round robin, and with ``peers`` Dynamo's KV router (once per
+    config in ``dynamo``) and sglang-router's policies; kvgate and sglang-router once per gateway
+    count in ``gateways``."""
     chosen = list(KVGATE_POLICIES) if "all" in policies else list(policies)
     unknown = sorted(set(chosen) - set(KVGATE_POLICIES))
     if unknown:
@@ -129,7 +146,7 @@ def contenders_for(policies: Sequence[str], peers: bool, gateways: Sequence[int]
     contenders = [Contender("kvgate", policy, instances=count) for policy in chosen for count in gateways]
     contenders.append(Contender("direct", "round_robin"))
     if peers:
-        contenders.append(Contender("dynamo", "kv"))
+        contenders += [dynamo_contender(config) for config in dynamo]
         contenders += [
             Contender("sglang-router", policy, instances=count) for policy in SGLANG_POLICIES for count in gateways
         ]
@@ -156,7 +173,7 @@ def deploy(
             ]
             yield Deployment(Target(tuple(router.url for router in routers), MODEL, detokenize), urls)
         elif contender.kind == "dynamo":
-            proxy = start_dynamo(fleet, replicas, workdir, stack)
+            proxy = start_dynamo(fleet, replicas, workdir, stack, DynamoConfig.from_settings(contender.routing))
             yield Deployment(Target((proxy.url,), MODEL), urls)
         else:
             raise ValueError(f"unknown contender kind {contender.kind!r}")
@@ -281,14 +298,16 @@ def start_sglang_router(
     return router
 
 
-def start_dynamo(fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path, stack: ExitStack) -> Process:
-    """Dynamo's select_service (defaults), each replica registered with its KV events, and the proxy."""
+def start_dynamo(
+    fleet: FleetSpec, replicas: Sequence[Replica], workdir: Path, stack: ExitStack, config: DynamoConfig
+) -> Process:
+    """Dynamo's select_service with ``config``'s knobs, each replica registered with its KV events, and the proxy."""
     python = dynamo_python()
     if not python.exists():
         raise FileNotFoundError(dynamo_install_hint())
     if not all(replica.kv_events for replica in replicas):
         raise RuntimeError("Dynamo's KV router needs the replicas' KV events (not --no-kv-events, not given URLs)")
-    service = start_select_service(python, workdir / "dynamo-select-service.log")
+    service = start_select_service(python, workdir / "dynamo-select-service.log", config)
     stack.callback(service.stop)
     for worker_id, replica in enumerate(replicas, start=1):
         assert replica.kv_events is not None

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,14 +105,15 @@ class Process:
             self.proc.wait(timeout_s)
 
 
-def launch(command: list[str], port: int, log_path: Path) -> Process:
+def launch(command: list[str], port: int, log_path: Path, env: Mapping[str, str] | None = None) -> Process:
+    """Start ``command`` in its own session, its output to ``log_path``; ``env`` adds to the environment."""
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
             command,
             cwd=REPO,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
             start_new_session=True,
         )
     return Process(proc, port, log_path)

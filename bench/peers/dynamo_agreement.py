@@ -2,7 +2,7 @@
 pick the worker the real one picks? (issue 31: each model checked against the real router)
 
 Real ``kvgate engine --sim`` replicas publish their KV events; the real ``dynamo.select_service``
-(its own venv, its defaults) has them registered and follows those events. A window of a Mooncake
+(its own venv, Dynamo's defaults unless ``--dynamo`` sets its cost knobs) has them registered and follows those events. A window of a Mooncake
 trace (the token ids ``bench simulate`` and ``bench run`` make of it) is replayed in trace order,
 ``--concurrency`` requests in flight (closed loop: the trace's arrival times are not kept). For
 each request, one at a time:
@@ -43,6 +43,7 @@ from bench.harness.contenders import MODEL, FleetSpec, Replica, dynamo_install_h
 from bench.harness.processes import REPO
 from bench.harness.text_vocab import round_trip_vocab
 from bench.peers.dynamo_agreement_report import SETTLE_S, AgreementSummary, Decision
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig, add_dynamo_argument
 from bench.peers.dynamo_proxy import has_token
 from bench.peers.dynamo_service import register_worker, start_select_service, worker_registration
 from bench.sim.dynamo_model import DynamoKVRouter, lowest
@@ -81,6 +82,8 @@ class AgreementSettings:
     max_output_tokens: int = 32
     seed: int = 0
     """Mixed into the trace's token ids, and seeds the model's tie-breaks."""
+    dynamo: DynamoConfig = DYNAMO_DEFAULTS
+    """The cost knobs, given to the real select_service and to the model alike."""
 
 
 def run_agreement(settings: AgreementSettings) -> AgreementSummary:
@@ -107,7 +110,7 @@ def run_agreement(settings: AgreementSettings) -> AgreementSummary:
     )
     with ExitStack() as stack:
         replicas = start_replicas(fleet, settings.workdir, stack)
-        service = start_select_service(python, settings.workdir / "dynamo-select-service.log")
+        service = start_select_service(python, settings.workdir / "dynamo-select-service.log", settings.dynamo)
         stack.callback(service.stop)
         for worker_id, replica in enumerate(replicas, start=1):
             assert replica.kv_events is not None
@@ -125,7 +128,8 @@ def run_agreement(settings: AgreementSettings) -> AgreementSummary:
         decision.dynamo_logit = logits.get(decision.selection_id)
     title = (
         f"{settings.trace_file.name} records {settings.start}..{settings.start + len(prompts) - 1}, "
-        f"{settings.replicas} replicas, {settings.concurrency} in flight, seed {settings.seed}"
+        f"{settings.replicas} replicas, {settings.concurrency} in flight, seed {settings.seed}, "
+        f"Dynamo {settings.dynamo.changed() or 'defaults'}"
     )
     errors = [d for d in decisions if d.error]
     notes = [f"{len(errors)} requests failed at the replica, first: {errors[0].error}"] if errors else []
@@ -140,7 +144,7 @@ class Replay:
         self.replicas = list(replicas)
         self.names = [f"replica-{index}" for index in range(len(replicas))]
         self.service_url = service_url
-        self.model = DynamoKVRouter(self.names, settings.block_size, PeerKVIndex(self.names))
+        self.model = DynamoKVRouter(self.names, settings.block_size, PeerKVIndex(self.names), config=settings.dynamo)
         self.rng = random.Random(settings.seed)
         self.lost_batches = 0
         self._lock = asyncio.Lock()
@@ -331,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim-prefill-us", type=float, default=75.0, help="prefill cost per token, as bench run (default: %(default)s)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    add_dynamo_argument(parser, repeatable=False)
     parser.add_argument("--out", type=Path, help="report folder (default: bench/out/dynamo-agreement/TRACE-START)")
     return parser
 
@@ -356,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         sim_prefill_us=args.sim_prefill_us,
         seed=args.seed,
+        dynamo=args.dynamo or DYNAMO_DEFAULTS,
     )
     started = time.monotonic()
     summary = run_agreement(settings)

@@ -2,9 +2,8 @@
 
 It runs from its own venv (``ai-dynamo-runtime``, see bench/harness/contenders.py for where), needs no
 etcd or NATS, and learns each replica's cache from the replica's ZMQ KV events in vLLM's format:
-``register_worker`` gives it the replica's HTTP endpoint, event socket and replay socket. It is
-started with its defaults (its cost function: prefill load scale 1.0, overlap credit 1.0, decode
-request weight 0, temperature 0).
+``register_worker`` gives it the replica's HTTP endpoint, event socket and replay socket. Its cost
+knobs come from a ``DynamoConfig`` (bench/peers/dynamo_config.py), Dynamo's defaults unless set.
 """
 
 import urllib.request
@@ -13,14 +12,17 @@ from pathlib import Path
 import orjson
 
 from bench.harness.processes import Process, free_port, http_ok, launch, wait_ready
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig
 
 SELECT_MODULE = "dynamo.select_service"
 
 
-def start_select_service(python: Path, log_path: Path, timeout_s: float = 60.0) -> Process:
-    """One select_service on a free port, ready when its ``/health`` answers."""
+def start_select_service(
+    python: Path, log_path: Path, config: DynamoConfig = DYNAMO_DEFAULTS, timeout_s: float = 60.0
+) -> Process:
+    """One select_service with ``config``'s cost knobs on a free port, ready when its ``/health`` answers."""
     port = free_port()
-    process = launch([str(python), "-m", SELECT_MODULE, "--port", str(port)], port, log_path)
+    process = launch([str(python), "-m", SELECT_MODULE, "--port", str(port)], port, log_path, config.env())
     wait_ready(process, lambda: http_ok(f"{process.url}/health"), timeout_s)
     return process
 

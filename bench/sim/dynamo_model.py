@@ -24,7 +24,8 @@ Written from ai-dynamo/dynamo's source, ``lib/kv-router/src/scheduling/``:
   ``dynamo/_core.pyi`` ``KvRouterConfig`` signature): ``overlap_score_credit`` 1.0,
   ``overlap_score_credit_decay`` 0, ``prefill_load_scale`` 1.0, ``decode_active_request_weight`` 0,
   ``router_temperature`` 0, ``router_track_active_blocks`` and ``router_assume_kv_reuse`` on,
-  ``router_track_output_blocks`` off.
+  ``router_track_output_blocks`` off. The three cost knobs are a ``DynamoConfig``
+  (bench/peers/dynamo_config.py), which the real select_service is started with too.
 
 The overlap comes from the replicas' KV events (``PeerKVIndex``), as Dynamo's indexer builds it.
 Not modelled: the router queue (``router_queue_threshold``: None in 1.6.1's Python binding, so
@@ -35,6 +36,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig
 from bench.sim.peer_kv_index import PeerKVIndex
 from radix.hashing import BlockHash
 
@@ -52,9 +54,7 @@ class DynamoKVRouter:
     block_size: int
     index: PeerKVIndex
     seed: int = 0
-    overlap_score_credit: float = 1.0
-    prefill_load_scale: float = 1.0
-    decode_active_request_weight: float = 0.0
+    config: DynamoConfig = DYNAMO_DEFAULTS
     _active: dict[str, _Active] = field(init=False, default_factory=dict)
     _prefill_tokens: Counter[str] = field(init=False, default_factory=Counter)
     _requests: Counter[str] = field(init=False, default_factory=Counter)
@@ -71,16 +71,17 @@ class DynamoKVRouter:
         """Each worker's logit for this prompt (lower is better); ``overlap`` (blocks per worker)
         replaces the index's view of the replicas' caches."""
         overlap = self.index.prefix_blocks(block_hashes) if overlap is None else overlap
+        config = self.config
         costs: dict[str, float] = {}
         for name in self.replicas:
             raw_prefill_blocks = (self._prefill_tokens[name] + prompt_tokens) / self.block_size
-            credit = self.overlap_score_credit * overlap[name]
+            credit = config.overlap_score_credit * overlap[name]
             active = self._blocks[name]
             potential_decode_blocks = len(active) + sum(1 for block in block_hashes if block not in active)
             costs[name] = (
-                self.prefill_load_scale * max(raw_prefill_blocks - credit, 0.0)
+                config.prefill_load_scale * max(raw_prefill_blocks - credit, 0.0)
                 + potential_decode_blocks
-                + self.decode_active_request_weight * self._requests[name]
+                + config.decode_active_request_weight * self._requests[name]
             )
         return costs
 

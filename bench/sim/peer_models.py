@@ -7,7 +7,8 @@ replicas' KV events through a ``PeerKVIndex``; llm-d's also scrapes pod metrics 
 
 from typing import Protocol
 
-from bench.harness.contenders import Contender
+from bench.harness.contenders import Contender, dynamo_contender
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig
 from bench.sim.dynamo_model import DynamoKVRouter
 from bench.sim.llmd_model import LlmdPrecisePrefix
 from bench.sim.peer_kv_index import PeerKVIndex
@@ -15,10 +16,21 @@ from bench.sim.sglang_model import SglangCacheAware
 from radix.hashing import BlockHash
 
 SGLANG_MODELLED = Contender("sglang-router", "cache_aware", label="sglang-router cache_aware (modelled)")
-DYNAMO_MODELLED = Contender("dynamo", "kv", label="dynamo kv-router (modelled)")
+DYNAMO_MODELLED = dynamo_contender(DYNAMO_DEFAULTS, "dynamo kv-router (modelled)")
 LLMD_MODELLED = Contender("llm-d", "precise-prefix-cache", label="llm-d precise-prefix (modelled)")
 MODELLED_PEERS = (SGLANG_MODELLED, DYNAMO_MODELLED, LLMD_MODELLED)
 """The contenders ``bench simulate --peers`` adds, in report order."""
+
+
+def is_modelled(contender: Contender) -> bool:
+    """A router (kind and policy) ``bench simulate`` has a model of, whatever its settings."""
+    return any(peer.kind == contender.kind and peer.policy == contender.policy for peer in MODELLED_PEERS)
+
+
+def modelled_peers(dynamo: list[DynamoConfig]) -> list[Contender]:
+    """``MODELLED_PEERS`` with Dynamo's model once per config in ``dynamo``."""
+    dynamos = [dynamo_contender(config, DYNAMO_MODELLED.label) for config in dynamo]
+    return [SGLANG_MODELLED, *dynamos, LLMD_MODELLED]
 
 
 class PeerModel(Protocol):
@@ -49,12 +61,14 @@ class SglangPeer:
 
 
 def build_peer(contender: Contender, replicas: list[str], block_size: int, seed: int = 0) -> PeerModel:
-    """The model behind one of ``MODELLED_PEERS``; ``seed`` breaks its ties."""
-    if contender == SGLANG_MODELLED:
+    """The model behind a modelled peer (``modelled_peers``); ``seed`` breaks its ties."""
+    if contender.kind == SGLANG_MODELLED.kind:
         return SglangPeer(replicas, block_size)
-    if contender == DYNAMO_MODELLED:
-        return DynamoKVRouter(replicas, block_size, PeerKVIndex(replicas), seed)
-    if contender == LLMD_MODELLED:
+    if contender.kind == DYNAMO_MODELLED.kind:
+        return DynamoKVRouter(
+            replicas, block_size, PeerKVIndex(replicas), seed, DynamoConfig.from_settings(contender.routing)
+        )
+    if contender.kind == LLMD_MODELLED.kind:
         return LlmdPrecisePrefix(replicas, PeerKVIndex(replicas), seed)
     raise ValueError(f"no model of {contender.name}")
 

@@ -37,6 +37,7 @@ from bench.sim.peer_models import (
     MODELLED_PEERS,
     PeerModel,
     build_peer,
+    is_modelled,
     kv_index_of,
     metrics_scraper_of,
 )
@@ -159,7 +160,7 @@ class VirtualFleet:
     simulated replicas. ``seed`` breaks a modelled peer's ties (Dynamo's, llm-d's are random)."""
 
     def __init__(self, contender: Contender, fleet: SimFleet, seed: int = 0) -> None:
-        if contender.kind not in ("kvgate", "direct") and contender not in MODELLED_PEERS:
+        if contender.kind not in ("kvgate", "direct") and not is_modelled(contender):
             raise ValueError(
                 f"bench simulate runs kvgate policies, direct round robin and the modelled peers "
                 f"({', '.join(peer.name for peer in MODELLED_PEERS)}), not {contender.name}"
@@ -182,7 +183,7 @@ class VirtualFleet:
             self._build_router(contender)
         names = [b.replica.name for b in self.backends]
         self.peer: PeerModel | None = (
-            build_peer(contender, names, fleet.block_size, seed) if contender in MODELLED_PEERS else None
+            build_peer(contender, names, fleet.block_size, seed) if is_modelled(contender) else None
         )
         self._round_robin = itertools.cycle(self.backends)
         self._admission: AdmissionOrder[Callable[[], bool]] = AdmissionOrder()

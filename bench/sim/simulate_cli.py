@@ -23,7 +23,8 @@ from bench.harness.report import ContenderRow, summarize, write_report
 from bench.harness.runner import bound_prompt
 from bench.harness.text_vocab import round_trip_vocab
 from bench.harness.users_table import DEFAULT_ITL_SLO_S
-from bench.sim.peer_models import MODELLED_PEERS
+from bench.peers.dynamo_config import DYNAMO_DEFAULTS, add_dynamo_argument
+from bench.sim.peer_models import modelled_peers
 from bench.sim.sim_compare import compare_with_run
 from bench.sim.simulate import SimFleet, VirtualFleet
 from bench.workloads import WORKLOADS, with_overrides
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the modelled peers: sglang-router cache_aware, Dynamo's KV router, llm-d precise prefix "
         "(bench/sim/peer_models.py)",
     )
+    add_dynamo_argument(parser, repeatable=True)
     parser.add_argument("--predicted", action="store_true", help="kvgate predicts caches instead of following events")
     parser.add_argument("--users", type=int, help="closed loop with this many users (default: open loop)")
     parser.add_argument("--ttft-slo", type=float, default=0.5, help="TTFT bound of goodput, seconds")
@@ -119,7 +121,7 @@ def main(argv: list[str]) -> int:
         for contender in contenders_for(args.policy.split(","), peers=False)
     ]
     if args.peers:
-        contenders += MODELLED_PEERS
+        contenders += modelled_peers(args.dynamo or [DYNAMO_DEFAULTS])
     prefill_us = (
         args.sim_prefill_us if args.sim_prefill_us is not None else (75.0 if args.preset == "smollm2-cpu" else None)
     )

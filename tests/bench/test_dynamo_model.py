@@ -2,6 +2,7 @@
 
 import pytest
 
+from bench.peers.dynamo_config import DynamoConfig
 from bench.sim.dynamo_model import DynamoKVRouter
 from bench.sim.peer_kv_index import PeerKVIndex
 from bench.sim.peer_models import DYNAMO_MODELLED
@@ -16,7 +17,7 @@ def chain(prefix: int, blocks: int) -> list[int]:
 
 
 def router(seed: int = 0, **knobs: float) -> DynamoKVRouter:
-    return DynamoKVRouter(["a", "b"], BLOCK, PeerKVIndex(["a", "b"]), seed, **knobs)
+    return DynamoKVRouter(["a", "b"], BLOCK, PeerKVIndex(["a", "b"]), seed, DynamoConfig(**knobs))
 
 
 def test_cost_is_uncached_prefill_blocks_plus_potential_decode_blocks() -> None:
