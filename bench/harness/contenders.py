@@ -122,12 +122,12 @@ def dynamo_install_hint() -> str:
     )
 
 
-def dynamo_contender(config: DynamoConfig, label: str = "dynamo kv") -> Contender:
-    """Dynamo's KV router with ``config``'s cost knobs, named by those it sets away from the defaults."""
+def dynamo_contender(config: DynamoConfig, name: str = "dynamo kv", suffix: str = "") -> Contender:
+    """Dynamo's KV router with ``config``'s cost knobs, named by those it sets away from the defaults
+    (between ``name`` and ``suffix``)."""
     changed = config.changed()
-    return Contender(
-        "dynamo", "kv", routing=dataclasses.asdict(config), label=f"{label} ({changed})" if changed else label
-    )
+    label = f"{name} ({changed}){suffix}" if changed else f"{name}{suffix}"
+    return Contender("dynamo", "kv", routing=dataclasses.asdict(config), label=label)
 
 
 def contenders_for(

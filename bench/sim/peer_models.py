@@ -15,9 +15,11 @@ from bench.sim.peer_kv_index import PeerKVIndex
 from bench.sim.sglang_model import SglangCacheAware
 from radix.hashing import BlockHash
 
-SGLANG_MODELLED = Contender("sglang-router", "cache_aware", label="sglang-router cache_aware (modelled)")
-DYNAMO_MODELLED = dynamo_contender(DYNAMO_DEFAULTS, "dynamo kv-router (modelled)")
-LLMD_MODELLED = Contender("llm-d", "precise-prefix-cache", label="llm-d precise-prefix (modelled)")
+MODELLED = " (modelled)"
+"""The end of every modelled peer's name (``kvgate bench seed-spread`` finds the peers by it)."""
+SGLANG_MODELLED = Contender("sglang-router", "cache_aware", label=f"sglang-router cache_aware{MODELLED}")
+DYNAMO_MODELLED = dynamo_contender(DYNAMO_DEFAULTS, "dynamo kv-router", MODELLED)
+LLMD_MODELLED = Contender("llm-d", "precise-prefix-cache", label=f"llm-d precise-prefix{MODELLED}")
 MODELLED_PEERS = (SGLANG_MODELLED, DYNAMO_MODELLED, LLMD_MODELLED)
 """The contenders ``bench simulate --peers`` adds, in report order."""
 
@@ -29,7 +31,7 @@ def is_modelled(contender: Contender) -> bool:
 
 def modelled_peers(dynamo: list[DynamoConfig]) -> list[Contender]:
     """``MODELLED_PEERS`` with Dynamo's model once per config in ``dynamo``."""
-    dynamos = [dynamo_contender(config, DYNAMO_MODELLED.label) for config in dynamo]
+    dynamos = [dynamo_contender(config, "dynamo kv-router", MODELLED) for config in dynamo]
     return [SGLANG_MODELLED, *dynamos, LLMD_MODELLED]
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import orjson
 from scipy import stats
 
+from bench.sim.peer_models import MODELLED
+
 KVGATE = "kvgate cache_aware"
 MEASURES = (
     ("ttft_p99_s", "TTFT p99 (s)", -1, ".3f"),
@@ -84,7 +86,7 @@ def compare(reports: Sequence[dict]) -> list[str]:
     lines = []
     for key in sorted(by_window):
         seeds = by_window[key]
-        peers = [name for name in seeds[0] if name.endswith("(modelled)")]
+        peers = [name for name in seeds[0] if name.endswith(MODELLED)]
         cells = []
         for field, _, better, form in MEASURES:
             best = max(peers, key=lambda name: better * statistics.fmean(seed[name][field] for seed in seeds))

@@ -4,7 +4,7 @@ import pytest
 
 from bench.harness.contenders import contenders_for
 from bench.peers.dynamo_config import DYNAMO_DEFAULTS, DynamoConfig, parse_dynamo_config
-from bench.sim.peer_models import build_peer, modelled_peers
+from bench.sim.peer_models import MODELLED, build_peer, modelled_peers
 from bench.sim.simulate import SimFleet, VirtualFleet
 from tests.bench.test_simulate import COSTS, REQUESTS
 
@@ -41,7 +41,8 @@ def test_one_dynamo_contender_per_config_named_by_its_knobs() -> None:
     assert [c.name for c in dynamos] == ["dynamo kv", "dynamo kv (overlap_score_credit=4)"]
     assert [DynamoConfig.from_settings(c.routing) for c in dynamos] == configs
     modelled = [c.name for c in modelled_peers(configs)]
-    assert modelled[1:3] == ["dynamo kv-router (modelled)", "dynamo kv-router (modelled) (overlap_score_credit=4)"]
+    assert modelled[1:3] == ["dynamo kv-router (modelled)", "dynamo kv-router (overlap_score_credit=4) (modelled)"]
+    assert all(name.endswith(MODELLED) for name in modelled), "seed-spread counts every one as a peer"
 
 
 def test_the_model_runs_with_the_contenders_knobs() -> None:
