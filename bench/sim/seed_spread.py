@@ -79,7 +79,8 @@ def measures_of(report: dict) -> dict[str, dict[str, float]]:
 
 
 def compare(reports: Sequence[dict]) -> list[str]:
-    """Markdown rows, one per window: each measure's paired difference, kvgate minus best peer."""
+    """Markdown rows, one per window: each measure's paired difference, kvgate minus the peer best
+    on that measure by seed mean (named in the cell)."""
     by_window: dict[tuple[str, int, float], list[dict[str, dict[str, float]]]] = defaultdict(list)
     for report in reports:
         by_window[window_key(report)].append(measures_of(report))
@@ -94,7 +95,7 @@ def compare(reports: Sequence[dict]) -> list[str]:
             kvgate = statistics.fmean(seed[KVGATE][field] for seed in seeds)
             peer = statistics.fmean(seed[best][field] for seed in seeds)
             cells.append(
-                f"{kvgate:{form}} vs {peer:{form}} ({interval.mean:+{form}} "
+                f"{kvgate:{form}} vs {peer:{form}} {best.removesuffix(MODELLED)} ({interval.mean:+{form}} "
                 f"[{interval.low:+{form}}, {interval.high:+{form}}]) {interval.verdict(better)}"
             )
         lines.append(f"| {key[0]} | {key[1]} | {len(seeds)} | " + " | ".join(cells) + " |")

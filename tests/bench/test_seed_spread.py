@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from bench.sim import seed_spread, simulate_cli
+from bench.sim.peer_models import MODELLED, MODELLED_PEERS
 from bench.sim.seed_spread import KVGATE, Interval, paired_interval
 
 
@@ -59,3 +60,5 @@ def test_seeds_with_arrival_jitter_give_a_spread_and_one_row_per_window(bucketed
     assert cells[1:3] == ["0", "3"]
     assert cells[0] == "llama-3-8b-h100 x 2, conversation"
     assert cells[3].startswith(f"{sum(p99s) / 3:.3f} vs ")
+    named = [peer.name.removesuffix(MODELLED) for peer in MODELLED_PEERS]
+    assert any(f" {name} (" in cells[3] for name in named), "the best peer is named"
