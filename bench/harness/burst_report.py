@@ -15,19 +15,25 @@ from bench.workloads.hotspot_burst import BURST_GROUP
 class BurstPlacement:
     contender: str
     per_replica: dict[str, int]
-    """Burst requests each replica was sent (every replica listed, in name order)."""
+    """Burst requests each of the contender's replicas was sent (every one it named in its run, in
+    name order; empty where the router names none, as sglang-router's answers do not)."""
     ttft_p50_s: float
     ttft_p99_s: float
     hit_rate: float
 
 
-def burst_placements(loads: Mapping[str, LoadResult], replicas: list[str]) -> list[BurstPlacement]:
-    """One row per contender whose run held burst requests."""
+def burst_placements(loads: Mapping[str, LoadResult]) -> list[BurstPlacement]:
+    """One row per contender whose run held burst requests. Each contender's replicas are those its
+    own run names: in ``bench run`` every contender gets fresh replicas at other addresses."""
     rows = []
     for name, load in loads.items():
         burst = [result for result in load.results if result.group == BURST_GROUP]
         if not burst:
             continue
+        replicas = sorted(
+            {result.backend for result in load.results if result.backend is not None},
+            key=lambda replica: (len(replica), replica),
+        )
         counts = Counter(result.backend for result in burst if result.backend is not None)
         ttfts = [result.ttft for result in burst if result.ok]
         prompt = sum(result.prompt_tokens for result in burst if result.ok)
@@ -55,9 +61,10 @@ def burst_markdown(rows: list[BurstPlacement]) -> str:
     for row in rows:
         counts = list(row.per_replica.values())
         mean = sum(counts) / len(counts) if counts else 0.0
-        spread = max(counts) / mean if mean else 0.0
+        placed = " / ".join(str(count) for count in counts) if counts else "not reported by the router"
+        spread = f"{max(counts) / mean:.2f}" if mean else "–"
         lines.append(
-            f"| {row.contender} | {' / '.join(str(count) for count in counts)} | {spread:.2f} "
+            f"| {row.contender} | {placed} | {spread} "
             f"| {row.ttft_p50_s:.3f} | {row.ttft_p99_s:.3f} | {row.hit_rate:.1%} |"
         )
     return "\n".join(lines)

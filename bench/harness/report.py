@@ -101,11 +101,7 @@ def write_report(
     ``ttft_slo_s`` and ``itl_slo_s``) and, for a hotspot burst, where each contender sent it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     users = [users_row(name, load, ttft_slo_s, itl_slo_s) for name, load in loads.items()]
-    replicas = sorted(
-        {result.backend for load in loads.values() for result in load.results if result.backend is not None},
-        key=lambda name: (len(name), name),
-    )
-    bursts = burst_placements(loads, replicas)
+    bursts = burst_placements(loads)
     markdown = f"## {title}\n\n{markdown_table(rows, bounds, ttft_slo_s)}\n"
     if users:
         markdown += f"\n{users_markdown(users, ttft_slo_s, itl_slo_s)}\n"
