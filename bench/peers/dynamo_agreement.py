@@ -2,10 +2,10 @@
 pick the worker the real one picks? (issue 31: each model checked against the real router)
 
 Real ``kvgate engine --sim`` replicas publish their KV events; the real ``dynamo.select_service``
-(its own venv, Dynamo's defaults unless ``--dynamo`` sets its cost knobs) has them registered and follows those events. A window of a Mooncake
-trace (the token ids ``bench simulate`` and ``bench run`` make of it) is replayed in trace order,
-``--concurrency`` requests in flight (closed loop: the trace's arrival times are not kept). For
-each request, one at a time:
+(its own venv, Dynamo's defaults unless ``--dynamo`` sets its cost knobs) has them registered and
+follows those events. A window of a Mooncake trace (the token ids ``bench simulate`` and ``bench
+run`` make of it) is replayed in trace order, ``--concurrency`` requests in flight (closed loop: the
+trace's arrival times are not kept). For each request, one at a time:
 
 1. the views of the caches are given up to ``SETTLE_S`` to agree: Dynamo's ``/overlap_scores`` for
    the prompt against the model's index, which reads the same replicas' events;

@@ -31,11 +31,9 @@ class DynamoConfig:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, object]) -> "DynamoConfig":
-        """The config a contender's ``routing`` settings hold (``dataclasses.asdict`` of one)."""
-        unknown = sorted(set(settings) - set(ENVIRONMENT))
-        if unknown:
-            raise ValueError(f"unknown Dynamo knobs {unknown}; knobs: {', '.join(ENVIRONMENT)}")
-        return cls(**{key: float(str(value)) for key, value in settings.items()})
+        """The config ``settings`` hold (a contender's ``routing``, ``dataclasses.asdict`` of one);
+        raises ``ValueError`` naming a bad knob or value."""
+        return cls(**{key: _knob(key, value) for key, value in settings.items()})
 
     def env(self) -> dict[str, str]:
         """The environment ``select_service`` reads these from."""
@@ -43,11 +41,10 @@ class DynamoConfig:
 
     def changed(self) -> str:
         """The knobs set away from Dynamo's defaults, ``key=value`` comma-separated ('' for none)."""
-        default = DynamoConfig()  # the class's own defaults, Dynamo's
         return ",".join(
             f"{field.name}={getattr(self, field.name):g}"
             for field in dataclasses.fields(self)
-            if getattr(self, field.name) != getattr(default, field.name)
+            if getattr(self, field.name) != field.default
         )
 
 
@@ -58,20 +55,26 @@ def parse_dynamo_config(text: str) -> DynamoConfig:
     """``default``, or comma-separated ``knob=value``; raises ``ValueError`` naming a bad knob or value."""
     if text.strip() in ("", "default"):
         return DYNAMO_DEFAULTS
-    knobs: dict[str, float] = {}
+    knobs: dict[str, object] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in ENVIRONMENT:
+        if not sep:
             raise ValueError(f"unknown Dynamo knob {item.strip()!r}; knobs: {', '.join(ENVIRONMENT)} (key=value)")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"Dynamo knob {key} needs a number, not {value.strip()!r}") from None
-        if number < 0:
-            raise ValueError(f"Dynamo knob {key} must be >= 0, not {number:g}")
-        knobs[key] = number
-    return DynamoConfig(**knobs)
+        knobs[key.strip()] = value.strip()
+    return DynamoConfig.from_settings(knobs)
+
+
+def _knob(key: str, value: object) -> float:
+    """One knob's value, checked: a known knob, a number, not negative."""
+    if key not in ENVIRONMENT:
+        raise ValueError(f"unknown Dynamo knob {key!r}; knobs: {', '.join(ENVIRONMENT)} (key=value)")
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise ValueError(f"Dynamo knob {key} needs a number, not {value!r}") from None
+    if number < 0:
+        raise ValueError(f"Dynamo knob {key} must be >= 0, not {number:g}")
+    return number
 
 
 def add_dynamo_argument(parser: argparse.ArgumentParser, repeatable: bool) -> None:
