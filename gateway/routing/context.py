@@ -75,6 +75,9 @@ class RouteContext:
     passed_prompts: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per replica, the queued prompts this request would be admitted ahead of, (tokens, how many):
     prompts held behind a prefix block being computed that this prompt does not share (absent: none)."""
+    new_session: bool = False
+    """The request's session key is active on no replica: this turn chooses where the conversation
+    will run all its turns."""
     best_cached: int = field(init=False)
     """The most cached tokens any eligible replica has."""
     shared_cached: int = field(init=False)
@@ -158,6 +161,11 @@ class RouteContext:
         """Prefill this replica would spend on prompt tokens an owner has cached and it has not:
         the work a move off the owner throws away."""
         return (self.useful_best_cached - self.useful_cached(replica.name)) / self.prefill_rate(replica)
+
+    def own_prefill_s(self, replica: ReplicaState) -> float:
+        """Prefill of the prompt past its longest useful match, at this replica's rate: what this
+        request itself adds wherever that match is cached."""
+        return (self.request.prompt_tokens - self.useful_best_cached) / self.prefill_rate(replica)
 
     def overflow_s(self, replica: ReplicaState) -> float:
         """The prefill a session request sent here would later cost in evicted session blocks:

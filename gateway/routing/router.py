@@ -139,7 +139,10 @@ class Router:
         churn = {replica.name: self._new_blocks.value(replica.name, now) for replica in candidates}
         overflow, sessions = self._session_load(request, candidates, matched, now)
         passed = self._passed_prompts(request, candidates)
-        ctx = RouteContext(request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions, passed)
+        new_session = self._starts_conversation(request, now)
+        ctx = RouteContext(
+            request, candidates, priced, indexed, self.config, shared, churn, overflow, sessions, passed, new_session
+        )
         ranked = self.policy.rank(ctx)
         chosen = ranked[0]
         reason = self.policy.reason(ctx, chosen)
@@ -227,6 +230,14 @@ class Router:
                 excess = self._footprints.blocks(name, now) + new_blocks - capacity
                 overflow[name] = max(excess, 0) * self.block_size
         return overflow, sessions
+
+    def _starts_conversation(self, request: RouteRequest, now: float) -> bool:
+        """The request's session key is active on no replica (with ``spread_conversations`` and
+        ``session_footprints`` on): this turn places the whole conversation."""
+        key = request.session_key
+        if key is None or not (self.config.spread_conversations and self.config.session_footprints):
+            return False
+        return not self._footprints.is_active(key, now)
 
     def _is_branch_point(self, block_hash: int, now: float) -> bool:
         """More than one recent request's cached match ended on this block: conversations part here."""

@@ -47,6 +47,14 @@ class SessionFootprints:
         self._expire(replica, now)
         return len(self._sessions.get(replica, ()))
 
+    def is_active(self, session: str, now: float) -> bool:
+        """Some replica serves the session: a turn of it is younger than ``ttl_s``."""
+        for replica, sessions in self._sessions.items():
+            self._expire(replica, now)
+            if session in sessions:
+                return True
+        return False
+
     def add(self, replica: str, session: str, prompt_blocks: int, held_blocks: int, now: float) -> None:
         """A turn of ``session`` was sent to ``replica``, which held ``held_blocks`` of its prompt's
         ``prompt_blocks``; the turn continues the session's last one there if it held all of that."""

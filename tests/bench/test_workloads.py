@@ -83,6 +83,18 @@ def test_multi_turn_resends_growing_history() -> None:
     assert len({request.prompt_ids[:32] for request in requests}) == 1
 
 
+def test_multi_turn_think_jitter_varies_think_times_and_keeps_the_prompts() -> None:
+    steady = MultiTurnParams(num_users=8, turns=6, system_prompt_len=32, user_message_len=8, answer_len=6)
+    jittered = MultiTurnParams(**{**steady.__dict__, "think_jitter_s": 0.2})
+    plain, varied = multi_turn(steady), multi_turn(jittered)
+    assert [request.prompt_ids for request in varied] == [request.prompt_ids for request in plain]
+    assert varied == multi_turn(jittered), "the same draws every time"
+    thinks = [request.think_s for request in varied if not request.request_id.endswith("-0")]
+    assert all(0.3 <= think <= 0.7 for think in thinks)
+    assert len(set(thinks)) == len(thinks), "each turn draws its own think time"
+    assert {request.think_s for request in varied if request.request_id.endswith("-0")} == {0.0}
+
+
 def test_normalization_noise_keeps_meaning_and_canonical_form() -> None:
     params = NormalizationNoiseParams(num_groups=2, prompts_per_group=4, system_prompt_lines=6)
     requests = normalization_noise(params)

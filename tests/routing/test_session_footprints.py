@@ -1,5 +1,8 @@
 """Session footprints: a replica whose active sessions have filled its KV cache stops drawing new
-conversations that its cache would make it evict, even when it alone holds their system prompt."""
+conversations that its cache would make it evict, even when it alone holds their system prompt.
+The fleets here do not spread new conversations by count (``spread_conversations``,
+tests/routing/test_conversation_spread.py), which would move them sooner: the price of an
+overflow is what these tests measure."""
 
 import pytest
 
@@ -29,7 +32,7 @@ class Clock:
 def fleet(capacity: int | None = CAPACITY, clock: Clock | None = None, **config: object) -> Router:
     """Two replicas; the system prompt (prefix 1) counts as shared from its first request on."""
     specs = [ReplicaSpec(name, MODEL, None, capacity) for name in ("a", "b")]
-    routing = RoutingConfig(shared_prefix_requests=1.0, **config)
+    routing = RoutingConfig(shared_prefix_requests=1.0, spread_conversations=False, **config)
     r = Router(routing, BLOCK, specs, clock or Clock())
     warm(r, "a", prefix=1)
     return r
