@@ -109,14 +109,16 @@ class RoutingConfig(ConfigSection):
     turn ends its match on the turn before, which only it matches. 8 and 16 routed every trace
     window alike in ``bench simulate`` (no trace prefix is that hot there); 3 lost skew 1.4 points."""
     spread_conversations: bool = True
-    """A new conversation's first turn on a shared prefix (its session key active on no replica)
-    also pays, on each replica, one prefill of its own size for every conversation already active
-    there (``session_ttl_s``): its later turns will run where it lands and take turns with theirs.
-    Without it, in ``bench simulate --workload multi-turn``, the first holders of the system prompt
-    drew most new conversations for the sake of one first token each (think times spread 0.25 s,
-    seed 0: 26, 19, 15 and 4 of 64; with it 16 each) and their turns queued behind one another: TTFT
-    p99 0.31 s against 0.04 s, hit rate level (bench/notes/2026-12-05-multi-turn-lock-step.md). Needs
-    ``session_footprints``; requests without a session key are never charged."""
+    """A new conversation's first turn (its session key active on no replica, ``session_ttl_s``)
+    that matches a cached prefix goes where its estimated TTFT plus one prefill of its own size per
+    conversation already active there is lowest: its later turns will run where it lands and take
+    turns with theirs, and whatever it matches, other sessions put there (so it is placed like a
+    shared prefix, not held to an owner). Without it, in ``bench simulate --workload multi-turn``,
+    the first holders of the system prompt drew most new conversations for the sake of one first
+    token each (think times spread 0.25 s, seed 0: 26, 19, 15 and 4 of 64; with it 16 each) and
+    their turns queued behind one another: TTFT p99 0.31 s against 0.04 s, hit rate level
+    (bench/notes/2026-12-05-multi-turn-lock-step.md). Needs ``session_footprints``; requests without
+    a session key are never charged."""
     shared_prefix_window_s: float = Field(10.0, gt=0)
     """Time constant of the shared-prefix counts: a count fades by e in this many seconds."""
     placement_slack_s: float = Field(0.1, ge=0)

@@ -45,11 +45,12 @@ class EstimatedTTFT:
     - A shared prefix (``ctx.shared_prefix``) goes where its estimated TTFT is lowest, cache
       credited: a hot system prompt is copied to a replica with room rather than queueing on its
       first holder.
-      A new conversation's first turn on it (``ctx.new_session``) also pays, on each replica,
-      one prefill of its own size for every conversation already active there: its later turns
-      will run where this one does and take turns with theirs, so conversations spread over the
-      fleet while the shared prefix is still cached on a few replicas, rather than piling onto
-      its first holders for the sake of one first token.
+    - A new conversation's first turn (``ctx.new_session``: its session key active on no replica)
+      is placed like a shared prefix, since whatever it matches other sessions put there, and
+      also pays, on each replica, one prefill of its own size for every conversation already
+      active there: its later turns will run where this one does and take turns with theirs, so
+      conversations spread over the fleet rather than pile onto the first holders of their system
+      prompt for the sake of one first token each.
     - A private prefix stays with its owner (the replica with the longest useful match): another
       replica competes only when the owner's estimate breaks ``ttft_target_s`` by more than the
       move would spend recomputing the prefix the owner holds and that replica lacks, and its own
@@ -68,8 +69,10 @@ class EstimatedTTFT:
             return _near_fastest(estimates, ctx.config.placement_slack_s, ctx.config.placement_slack_share)
         if ctx.short_prompt_match:
             return _owner_within_slack(ctx, estimates)
+        if ctx.new_session:
+            return inverse_cost(_with_conversations(ctx, estimates))
         if ctx.shared_prefix:
-            return inverse_cost(_with_conversations(ctx, estimates) if ctx.new_session else estimates)
+            return inverse_cost(estimates)
         target = ctx.config.ttft_target_s
         owner_s = min(
             estimate for replica, estimate in zip(ctx.replicas, estimates, strict=True) if ctx.is_owner(replica.name)

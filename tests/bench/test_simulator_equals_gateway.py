@@ -173,10 +173,11 @@ async def replay(recording: Recording, fleet: VirtualFleet, routing: dict = ROUT
     return gateway
 
 
-@pytest.mark.parametrize(("num_blocks", "seed"), [(96, 2), (96, 5), (160, 4)])
-def test_the_simulator_places_every_request_as_the_gateway_does(num_blocks: int, seed: int) -> None:
-    """96 blocks a replica: requests queue for room; 160: more of them hit their cached prefixes."""
-    requests = multi_turn(MultiTurnParams(num_users=24, turns=4, user_rate=12.0, seed=seed))
+@pytest.mark.parametrize(("num_blocks", "seed", "user_rate"), [(96, 5, 24.0), (160, 3, 12.0), (160, 4, 12.0)])
+def test_the_simulator_places_every_request_as_the_gateway_does(num_blocks: int, seed: int, user_rate: float) -> None:
+    """96 blocks a replica and users arriving fast: requests queue for room; 160: more of them hit
+    their cached prefixes."""
+    requests = multi_turn(MultiTurnParams(num_users=24, turns=4, user_rate=user_rate, seed=seed))
     recording = Recording()
     fleet = RecordedFleet(recording, fleet_of(num_blocks))
     outcome = fleet.run(requests)

@@ -1,6 +1,7 @@
-"""cache_aware spreads new conversations: a session's first turn on a shared prefix also pays, on
-each replica, one prefill of its own size per conversation already active there, because all its
-later turns will run where it lands and take turns with theirs."""
+"""cache_aware spreads new conversations: a session's first turn that matches a cached prefix goes
+where its estimated TTFT plus one prefill of its own size per conversation already active there is
+lowest, because all its later turns will run where it lands and take turns with theirs; whatever it
+matches, other sessions put there, so no owner holds it."""
 
 import pytest
 
@@ -27,7 +28,7 @@ def fleet(clock: Clock | None = None, **config: object) -> Router:
     """Two replicas with room for every conversation; only a holds the system prompt, which counts
     as shared from its first request on."""
     specs = [ReplicaSpec(name, MODEL, None, 100_000) for name in ("a", "b")]
-    r = Router(RoutingConfig(shared_prefix_requests=1.0, **config), BLOCK, specs, clock or Clock())
+    r = Router(RoutingConfig(**{"shared_prefix_requests": 1.0, **config}), BLOCK, specs, clock or Clock())
     warm(r, "a", prefix=1)
     return r
 
@@ -44,6 +45,12 @@ def test_the_third_conversation_copies_the_system_prompt_rather_than_join_two() 
     on b, 2.46 s for the system prompt and its own part. Then both hold the system prompt and the
     fewer conversations decide."""
     assert open_conversations(fleet(), 6) == ["a", "a", "b", "b", "a", "b"]
+
+
+def test_a_prefix_not_yet_counted_shared_does_not_hold_a_new_conversation() -> None:
+    """Eight requests must end their match on a prefix before it counts as shared; until then the
+    system prompt looks like a's private history, which the owner rule would keep every follow-up on."""
+    assert open_conversations(fleet(shared_prefix_requests=8.0), 3) == ["a", "a", "b"]
 
 
 @pytest.mark.parametrize("off", ["spread_conversations", "session_footprints"])

@@ -67,6 +67,17 @@ def test_a_shared_prefix_moved_off_its_owner_is_not_held() -> None:
     assert (decision.backend, decision.reason, decision.hold) == ("a", "load-spill", None)
 
 
+def test_a_new_conversation_moved_off_its_owner_is_not_held_its_next_turn_is() -> None:
+    """A first turn is placed like a shared prefix (tests/routing/test_conversation_spread.py)."""
+    r = router(prefill_tokens_per_s=FAST, ttft_target_s=0.5, late_binding=LATE)
+    warm(r, "b", prefix=1)
+    first = r.route(request(1, request_id="first", session_key="user-1"), swamped_owner())
+    assert (first.decision.backend, first.decision.reason, first.decision.hold) == ("a", "load-spill", None)
+    r.on_routed(first, "b")
+    second = r.route(request(1, request_id="second", session_key="user-1"), swamped_owner()).decision
+    assert (second.backend, second.hold) == ("a", Hold("b", 1024 - 960))
+
+
 def test_a_hold_line_serves_the_fewest_uncached_tokens_first_then_first_come() -> None:
     line: HoldLine[str] = HoldLine()
     for name, uncached in [("big", 900), ("small", 100), ("mid", 500), ("small-later", 100)]:

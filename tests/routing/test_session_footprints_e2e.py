@@ -3,7 +3,9 @@
 Conversations (each its own ``user``) share a system prompt that the first one puts on one replica.
 With footprints on, once their turns have filled that replica's cache, new conversations start on
 the other replica instead, paying for the system prompt once there; with them off, or without a
-session key, every conversation stays with the system prompt.
+session key, every conversation stays with the system prompt. Those tests turn off
+``spread_conversations``, which moves new conversations sooner (by how many each replica serves);
+the last test shows that.
 """
 
 import time
@@ -49,9 +51,16 @@ def engines(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
         yield processes
 
 
-def open_conversations(engines: list[ManagedProcess], tmp_path: Path, footprints: bool, keyed: bool) -> list[str]:
+def open_conversations(
+    engines: list[ManagedProcess], tmp_path: Path, footprints: bool, keyed: bool, spread: bool = False
+) -> list[str]:
     """Each conversation's first turn, one after another; the replica each went to."""
-    routing = {"policy": "cache_aware", "shared_prefix_requests": 1.0, "session_footprints": footprints}
+    routing = {
+        "policy": "cache_aware",
+        "shared_prefix_requests": 1.0,
+        "session_footprints": footprints,
+        "spread_conversations": spread,
+    }
     config = gateway_config(free_port(), engines, routing=routing)
     config["health"] = {"interval_s": 0.05}
     for backend in config["backends"]:
@@ -86,3 +95,13 @@ def test_without_footprints_every_conversation_stays_with_the_system_prompt(
 ) -> None:
     backends = open_conversations(engines, tmp_path, footprints, keyed)
     assert backends == [backends[0]] * CONVERSATIONS
+
+
+def test_spread_new_conversations_share_the_replicas_from_the_start(
+    engines: list[ManagedProcess], tmp_path: Path
+) -> None:
+    """Each conversation's own 150 words cost more than the system prompt's 120, so one conversation
+    on the holder is enough for the next to start on the other replica."""
+    backends = open_conversations(engines, tmp_path, footprints=True, keyed=True, spread=True)
+    assert len(set(backends[:3])) == 2, backends
+    assert abs(backends.count(backends[0]) - CONVERSATIONS / 2) <= 1, backends
