@@ -33,8 +33,8 @@ def hold_for_owner(ctx: RouteContext, chosen: str, max_wait_s: float) -> Hold | 
     for a shared prefix, which cache_aware means to copy to a replica with room, nor for a new
     conversation's first turn, placed like one, nor for a short prompt's match, which saves too
     little to wait for."""
-    placed_by_estimate = ctx.short_prompt_match or ctx.shared_prefix or ctx.new_session
-    if not ctx.has_useful_match or placed_by_estimate or ctx.is_owner(chosen):
+    never_held = ctx.short_prompt_match or ctx.shared_prefix or ctx.new_session
+    if not ctx.has_useful_match or never_held or ctx.is_owner(chosen):
         return None
     by_name = {replica.name: replica for replica in ctx.replicas}
     owners = [(ctx.estimated_ttft_s(replica), replica.name) for replica in ctx.replicas if ctx.is_owner(replica.name)]

@@ -27,6 +27,16 @@ def state(
     return ReplicaState(name, model, healthy, in_flight, prefill_tokens, **metrics)
 
 
+class Clock:
+    """A settable clock for the router's (or a load view's) time."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 PD_RATE = 1000.0
 """Prefill tokens/s the P/D tests' replicas report."""
 

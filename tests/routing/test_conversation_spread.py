@@ -8,20 +8,12 @@ import pytest
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
 from gateway.routing.session_footprint import SessionFootprints
-from tests.routing.helpers import BLOCK, MODEL, request, route_and_send, state, warm
+from tests.routing.helpers import BLOCK, MODEL, Clock, request, route_and_send, state, warm
 
 PROMPT = 1600
 """The 960-token system prompt (prefix 1) and 640 tokens of the conversation's own: at the default
 650 tokens/s, 0.98 s of prefill where the system prompt is cached, 2.46 s where it is not."""
 IDLE = [state("a"), state("b")]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fleet(clock: Clock | None = None, **config: object) -> Router:

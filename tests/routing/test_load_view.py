@@ -3,14 +3,7 @@
 from gateway.backends.load_view import COVER_GRACE_S, LoadNow, LoadView
 from protocol.replica_stats import DecodeProgress, PrefixWait, ReplicaLoad, decode_load, encode_load
 from radix.hashing import hash_to_bytes
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.routing.helpers import Clock
 
 
 def report(running: int, waiting: int, queued: int | None) -> ReplicaLoad:
@@ -18,13 +11,13 @@ def report(running: int, waiting: int, queued: int | None) -> ReplicaLoad:
 
 
 def test_without_a_report_the_view_is_this_gateways_own() -> None:
-    view = LoadView(1.0, Clock())
+    view = LoadView(1.0, Clock(100.0))
     view.on_sent(300)
     assert view.now() == LoadNow(1, 0, 300)
 
 
 def test_a_request_is_counted_once_across_reports() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(2, 0, 0))
     sent = view.on_sent(300)
@@ -41,7 +34,7 @@ def test_a_request_is_counted_once_across_reports() -> None:
 
 
 def test_a_request_sent_just_before_a_report_is_not_assumed_in_it() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_sent(100)
     clock.now += COVER_GRACE_S / 2
@@ -50,7 +43,7 @@ def test_a_request_sent_just_before_a_report_is_not_assumed_in_it() -> None:
 
 
 def test_a_stale_report_falls_back_to_own_accounting() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(5, 5, 5000))
     view.on_sent(40)
@@ -59,7 +52,7 @@ def test_a_stale_report_falls_back_to_own_accounting() -> None:
 
 
 def test_vllm_reports_without_queued_tokens_use_own_prefill() -> None:
-    view = LoadView(1.0, Clock())
+    view = LoadView(1.0, Clock(100.0))
     view.on_report(report(4, 2, None))
     view.on_sent(70)
     assert view.now() == LoadNow(4, 3, 70)
@@ -68,7 +61,7 @@ def test_vllm_reports_without_queued_tokens_use_own_prefill() -> None:
 def test_prefill_added_after_the_send_is_counted_once_covered_or_not() -> None:
     """A decode replica whose prefill leg failed prefills the prompt itself: its queue grows, then
     empties at its first token, whether or not its last report counted the request."""
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(0, 0, 0))
     uncovered = view.on_sent(0)
@@ -90,7 +83,7 @@ def test_prefill_added_after_the_send_is_counted_once_covered_or_not() -> None:
 
 def test_prompts_held_behind_a_prefix_come_from_a_fresh_report_only() -> None:
     """By the gateway's hash (the wire's 16 big-endian bytes); a stale report's are forgotten with it."""
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     held = PrefixWait(hash_to_bytes(7 << 100), 2_600, 2)
     reading = ReplicaLoad(ts=0.0, running=1, waiting=2, queued_prefill_tokens=3_000, prefix_waits=[held])
@@ -101,7 +94,7 @@ def test_prompts_held_behind_a_prefix_come_from_a_fresh_report_only() -> None:
 
 
 def test_running_decodes_come_from_a_fresh_report_only_and_none_where_the_replica_gives_none() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     view = LoadView(1.0, clock)
     decodes = [DecodeProgress(12, 0.33, 100), DecodeProgress(1, 0.0, 7)]
     view.on_report(decode_load(encode_load(ReplicaLoad(ts=0.0, running=2, waiting=0, decodes=decodes))))

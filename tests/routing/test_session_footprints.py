@@ -12,21 +12,13 @@ from gateway.routing.router import ReplicaSpec, Router
 from gateway.routing.session_footprint import SessionFootprints
 from gateway.routing.types import RouteRequest
 from radix.hashing import block_hashes
-from tests.routing.helpers import BLOCK, MODEL, request, route_and_send, state, warm
+from tests.routing.helpers import BLOCK, MODEL, Clock, request, route_and_send, state, warm
 
 CAPACITY = 200
 """KV blocks per replica. Each conversation below is 100 blocks: the 60-block system prompt and 40
 of its own."""
 PROMPT = 1600
 IDLE = [state("a"), state("b")]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fleet(capacity: int | None = CAPACITY, clock: Clock | None = None, **config: object) -> Router:

@@ -5,19 +5,11 @@ owner until the owner breaks the target by more than the recompute."""
 
 from gateway.routing.config import RoutingConfig
 from gateway.routing.router import ReplicaSpec, Router
-from tests.routing.helpers import BLOCK, MODEL, request, route_and_send, state, warm
+from tests.routing.helpers import BLOCK, MODEL, Clock, request, route_and_send, state, warm
 
 IDLE = [state("a"), state("b"), state("c")]
 BUSY_OWNER = [state("a"), state("b", in_flight=2, prefill_tokens=3000), state("c")]
 """b, which holds prefix 1, has ~4.6 s of prefill queued at 650 tokens/s: under the 5 s target."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def router_with_clock(clock: Clock, **config: object) -> Router:
