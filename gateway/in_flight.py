@@ -22,7 +22,8 @@ class InFlight:
         self._router = router
         self._ticket = placement.ticket
         self._backend = placement.backend.name
-        self._occupancy = placement.backend.occupy(prefill_tokens, placement.kv_blocks)
+        waiting_tokens = placement.ticket.request.prompt_tokens if prefill_tokens else 0
+        self._occupancy = placement.backend.occupy(prefill_tokens, placement.kv_blocks, waiting_tokens)
         self._prefill_done = self._occupancy.__enter__()
         self._finished = False
 

@@ -40,9 +40,10 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     """Requests in the running batch (prefilling or decoding)."""
     waiting: int
-    """Requests queued for admission, preempted ones included."""
+    """Requests queued for admission, preempted ones included, and (bundled engine) those that
+    reached it during a step and wait in its command queue (``engine/core/intake.py``)."""
     queued_prefill_tokens: int | None = None
-    """Prompt tokens admitted but not yet computed, over running and waiting requests; None when
+    """Prompt tokens received but not yet computed, over running and waiting requests; None when
     the replica cannot tell (vLLM's metrics have no such gauge)."""
     prefix_waits: list[PrefixWait] = []
     """The part of ``queued_prefill_tokens`` waiting for a prefix being computed, by the awaited

@@ -151,7 +151,9 @@ async def send(
     result = RequestResult(request.request_id, request.group, start_s=sent - run_started)
     try:
         async with http.post(
-            url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+            url + path,
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json", "x-request-id": request.request_id},
         ) as response:
             result.status = response.status
             result.backend = response.headers.get("x-kvgate-backend") or (url if len(target.urls) > 1 else None)

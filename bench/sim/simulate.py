@@ -430,7 +430,7 @@ class VirtualFleet:
     ) -> None:
         backend = self._by_name[decision.backend]
         result.backend, result.route_reason, result.status = decision.backend, decision.reason, 200
-        settle = self._send_to(backend, ticket, uncached, kv_blocks)
+        settle = self._send_to(backend, ticket, uncached, kv_blocks, route.prompt_tokens)
         name = backend.replica.name
 
         def first_token(now: float) -> None:
@@ -452,13 +452,15 @@ class VirtualFleet:
         backend.replica.add(prompt, route.max_tokens, self.now, first_token, done, session, stop_after=stop_after)
         self._start_step(backend.replica)
 
-    def _send_to(self, backend: SimBackend, ticket: RouteTicket | None, uncached: int, kv_blocks: int) -> "Settle":
+    def _send_to(
+        self, backend: SimBackend, ticket: RouteTicket | None, uncached: int, kv_blocks: int, prompt_tokens: int
+    ) -> "Settle":
         """Count the request on ``backend`` as the gateway does; a kvgate request also settles its ticket."""
         if self.router is not None and ticket is not None:
             flight = InFlight(self.router, Placement(backend, ticket, uncached, kv_blocks), uncached)
             flight.sent()
             return flight
-        return _Occupied(backend, uncached, kv_blocks)
+        return _Occupied(backend, uncached, kv_blocks, prompt_tokens)
 
     def _choose(
         self, route: RouteRequest, may_hold: bool = True
@@ -527,8 +529,8 @@ class Settle(Protocol):
 class _Occupied:
     """A request placed by direct round robin or a modelled peer: its replica's counts, no ticket."""
 
-    def __init__(self, backend: SimBackend, prefill_tokens: int, kv_blocks: int) -> None:
-        self._occupancy = backend.occupy(prefill_tokens, kv_blocks)
+    def __init__(self, backend: SimBackend, prefill_tokens: int, kv_blocks: int, prompt_tokens: int) -> None:
+        self._occupancy = backend.occupy(prefill_tokens, kv_blocks, prompt_tokens)
         self.first_token = self._occupancy.__enter__()
 
     def finish(self, cached_tokens: int | None, prefilled: bool, completed_output_tokens: int | None = None) -> None:

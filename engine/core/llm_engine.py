@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from engine.core.block_manager import BlockManager
 from engine.core.decode_progress import decode_progress
 from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.intake import Intake
 from engine.core.kv_events import KVEventPublisher, Snapshot
 from engine.core.kv_transfer_blocks import BlockIO
 from engine.core.kv_transfer_types import KVHold, RemoteKV
@@ -121,7 +122,7 @@ class LLMEngine:
         self._prefill_rate = PrefillRate()
         self.started_at = time.time()
         """When this engine started (its load reports say, so a gateway knows a restart emptied its cache)."""
-        self._queued_prefill_tokens = 0
+        self._intake = Intake()
         self._prefix_waits: list[PrefixWait] = []
         self._announced: deque[list[bytes]] = deque()
         """Block hashes of the prompts queued since the load socket last read them (engine thread
@@ -206,6 +207,7 @@ class LLMEngine:
         first = requests[0]
         first.forks = requests[1:]
         first.remote_kv = remote_kv
+        self._intake.arrived(len(prompt_token_ids))
         self._commands.put(lambda: self._add(first))
         remaining = n
         try:
@@ -301,12 +303,14 @@ class LLMEngine:
         return result
 
     def load(self) -> ReplicaLoad:
-        """The load now, for the load socket; read from another thread, so only approximately consistent."""
+        """The load now, for the load socket; read from another thread, so only approximately consistent.
+        Requests still in the command queue count as waiting (``Intake``)."""
+        pending, queued_prefill_tokens = self._intake.reading()
         return ReplicaLoad(
             ts=time.time(),
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            queued_prefill_tokens=self._queued_prefill_tokens,
+            waiting=len(self.scheduler.waiting) + pending,
+            queued_prefill_tokens=queued_prefill_tokens,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
@@ -318,11 +322,12 @@ class LLMEngine:
     def stats(self) -> ReplicaStats:
         """The load plus the cache's size and shape (GET /stats); approximately consistent, like ``load``."""
         block_manager = self.block_manager
+        pending, queued_prefill_tokens = self._intake.reading()
         return ReplicaStats(
             ts=time.time(),
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            queued_prefill_tokens=self._queued_prefill_tokens,
+            waiting=len(self.scheduler.waiting) + pending,
+            queued_prefill_tokens=queued_prefill_tokens,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
@@ -367,7 +372,7 @@ class LLMEngine:
             self._take_load_reading()
 
     def _take_load_reading(self) -> None:
-        self._queued_prefill_tokens = self.scheduler.queued_prefill_tokens()
+        self._intake.record_reading(self.scheduler.queued_prefill_tokens())
         waits = self.scheduler.prefix_waits()
         self._prefix_waits = [
             PrefixWait(hash_to_bytes(block_hash), tokens, requests) for block_hash, (tokens, requests) in waits.items()
@@ -408,6 +413,7 @@ class LLMEngine:
             block = False
 
     def _add(self, request: _Request) -> None:
+        self._intake.taken_in(len(request.seq.prompt_token_ids))
         self._requests[request.seq.seq_id] = request
         if request.remote_kv is not None:
             self._add_with_remote_kv(request.seq, request.remote_kv)

@@ -8,6 +8,12 @@ was sent ``COVER_GRACE_S`` or more before the report arrived) is in the report; 
 added on top; and what a counted request has since finished (its prefill, or the whole request)
 is taken off the report until the next one. Without a fresh report, the view is this gateway's
 own in-flight accounting alone, as with a single gateway.
+
+A request added on top of a report is counted as the replica's next report will count it while
+it waits: its whole prompt, cached prefix included (``Scheduler.queued_prefill_tokens``). Counted
+by its uncached part, a replica whose report had not come yet looked cheaper for a burst's
+followers than one whose report had: real bursts on one new prefix went 28 / 12 / 11 / 13 of 64
+(bench/notes/2026-12-05-hotspot-burst-balance.md).
 """
 
 import time
@@ -28,6 +34,9 @@ class SentRequest:
     sent_at: float
     prefill_tokens: int
     """Uncached prompt tokens still to prefill (0 once the first token came)."""
+    waiting_tokens: int
+    """What a report counts for it while it waits: its whole prompt (0 once the first token came,
+    or where the replica is not to prefill it)."""
     covered: bool = False
     """The replica's latest report counts it."""
 
@@ -80,21 +89,22 @@ class LoadView:
             request.covered = request.sent_at <= cutoff
             if not request.covered:
                 self._uncovered_requests += 1
-                self._uncovered_prefill += request.prefill_tokens
+                self._uncovered_prefill += request.waiting_tokens
 
-    def on_sent(self, prefill_tokens: int) -> SentRequest:
-        request = SentRequest(self._clock(), prefill_tokens)
+    def on_sent(self, prefill_tokens: int, waiting_tokens: int) -> SentRequest:
+        request = SentRequest(self._clock(), prefill_tokens, waiting_tokens)
         self._sent.add(request)
         self.own_requests += 1
         self.own_prefill_tokens += prefill_tokens
         self._uncovered_requests += 1
-        self._uncovered_prefill += prefill_tokens
+        self._uncovered_prefill += waiting_tokens
         return request
 
     def add_prefill(self, request: SentRequest, tokens: int) -> None:
         """The replica has ``tokens`` more of the request's prompt to prefill than it was sent with (a
         disaggregated request whose prefill leg failed: the decode replica prefills it itself)."""
         request.prefill_tokens += tokens
+        request.waiting_tokens += tokens
         self.own_prefill_tokens += tokens
         if request.covered:
             self._covered_prefilled -= tokens
@@ -104,11 +114,12 @@ class LoadView:
     def on_prefilled(self, request: SentRequest) -> None:
         """The request's first token came: its prompt is no longer queued work."""
         tokens, request.prefill_tokens = request.prefill_tokens, 0
+        waiting, request.waiting_tokens = request.waiting_tokens, 0
         self.own_prefill_tokens -= tokens
         if request.covered:
             self._covered_prefilled += tokens
         else:
-            self._uncovered_prefill -= tokens
+            self._uncovered_prefill -= waiting
 
     def on_finished(self, request: SentRequest) -> None:
         self.on_prefilled(request)

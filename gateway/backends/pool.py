@@ -130,13 +130,15 @@ class Backend:
             decodes=load.decodes,
         )
 
-    def occupy(self, prefill_tokens: int, kv_blocks: int) -> "Occupancy":
-        """Count a request as in flight here, holding its KV reservation, for the duration of the block.
+    def occupy(self, prefill_tokens: int, kv_blocks: int, waiting_tokens: int) -> "Occupancy":
+        """Count a request as in flight here, holding its KV reservation, for the duration of the block;
+        ``waiting_tokens``: what the replica's load report counts for it while it waits
+        (``LoadView``).
 
         Yields ``prefill_done``: call it at the first token, when the replica has finished the
         request's prefill, so routing stops counting those tokens as queued work here.
         """
-        return Occupancy(self, prefill_tokens, kv_blocks)
+        return Occupancy(self, prefill_tokens, kv_blocks, waiting_tokens)
 
     def record_check(self, ok: bool, config: HealthConfig) -> bool:
         """Apply one health-check result with the configured thresholds; True when it turned healthy."""
@@ -382,14 +384,15 @@ class Occupancy:
     """One request in flight on a backend (``Backend.occupy``); a plain class, not a generator
     context manager, as it is entered once per request."""
 
-    __slots__ = ("_backend", "_kv_blocks", "_pending_prefill", "_sent")
+    __slots__ = ("_backend", "_kv_blocks", "_pending_prefill", "_sent", "_waiting_tokens")
     _sent: SentRequest
     """Set on entering."""
 
-    def __init__(self, backend: Backend, prefill_tokens: int, kv_blocks: int) -> None:
+    def __init__(self, backend: Backend, prefill_tokens: int, kv_blocks: int, waiting_tokens: int) -> None:
         self._backend = backend
         self._kv_blocks = kv_blocks
         self._pending_prefill = prefill_tokens
+        self._waiting_tokens = waiting_tokens
 
     def __enter__(self) -> Callable[[], None]:
         backend, prefill_tokens = self._backend, self._pending_prefill
@@ -397,7 +400,7 @@ class Occupancy:
         backend.in_flight_prefill_tokens += prefill_tokens
         backend.kv_reserved_blocks += self._kv_blocks
         backend.breaker.on_request()
-        self._sent = backend.load.on_sent(prefill_tokens)
+        self._sent = backend.load.on_sent(prefill_tokens, self._waiting_tokens)
         return self.prefill_done
 
     def add_prefill(self, tokens: int) -> None:

@@ -110,3 +110,25 @@ def test_only_steps_with_a_real_prefill_measure_the_prefill_rate() -> None:
         assert engine.stats().prefill_tokens_per_s
 
     run(engine, scenario)
+
+
+def test_a_request_that_arrives_during_a_step_is_in_the_load_before_the_loop_takes_it_in() -> None:
+    """A 0.4 s prefill step: a request that arrives meanwhile waits in the command queue until the
+    step ends. The load counts it already (whole, as a waiting prompt), or a gateway that sent it
+    would take a report without it as counting it (gateway/backends/load_view.py)."""
+    engine = make_engine(costs=dataclasses.replace(SIM_PRESETS["instant"], prefill_per_token_s=0.01))
+
+    async def scenario() -> None:
+        first = asyncio.create_task(collect(engine, list(range(40)), 1))
+        await asyncio.sleep(0.15)
+        assert engine.load().queued_prefill_tokens == 40
+        second = asyncio.create_task(collect(engine, list(range(100, 110)), 1))
+        await asyncio.sleep(0.05)
+        reading = engine.load()
+        assert (reading.running, reading.waiting, reading.queued_prefill_tokens) == (1, 1, 50)
+        assert engine.stats().waiting == 1
+        await asyncio.gather(first, second)
+        await asyncio.sleep(0.05)
+        assert (engine.load().waiting, engine.load().queued_prefill_tokens) == (0, 0)
+
+    run(engine, scenario)

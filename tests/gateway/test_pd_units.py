@@ -52,11 +52,11 @@ def test_a_prefill_replica_takes_client_requests_only_while_every_serving_replic
     def takers(settings: DisaggregationConfig) -> list[str]:
         return [replica.name for replica in pool.usable("m", settings, assumed_tokens_per_s=1000.0)]
 
-    with b1.occupy(1000, 0):
+    with b1.occupy(1000, 0, 1000):
         assert takers(overflow) == ["b1", "b2"], "one serving replica still has room"
-        with b2.occupy(400, 0):
+        with b2.occupy(400, 0, 400):
             assert takers(overflow) == ["b1", "b2"], "0.4 s queued is under the limit"
-            with b2.occupy(200, 0):
+            with b2.occupy(200, 0, 200):
                 assert takers(overflow) == ["p", "b1", "b2"], "both past 0.5 s: the prefill replica serves too"
                 assert takers(DisaggregationConfig()) == ["b1", "b2"], "off by default"
                 assert takers(DisaggregationConfig(prefill_overflow_s=2.0)) == ["b1", "b2"]

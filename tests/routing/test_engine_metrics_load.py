@@ -83,7 +83,7 @@ async def scenario() -> None:
         async with aiohttp.ClientSession() as session:
             await pool.check_all(session)
         backend = pool.backends["replica"]
-        with backend.occupy(prefill_tokens=120, kv_blocks=0):
+        with backend.occupy(prefill_tokens=120, kv_blocks=0, waiting_tokens=120):
             state = backend.state()
             assert (state.num_running, state.num_waiting) == (5, 5), "4 waiting there, and this gateway's new one"
             assert state.queued_prefill_tokens == 120, "vLLM does not report queued prompt tokens: own ones only"

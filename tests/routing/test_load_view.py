@@ -12,7 +12,7 @@ def report(running: int, waiting: int, queued: int | None) -> ReplicaLoad:
 
 def test_without_a_report_the_view_is_this_gateways_own() -> None:
     view = LoadView(1.0, Clock(100.0))
-    view.on_sent(300)
+    view.on_sent(300, 300)
     assert view.now() == LoadNow(1, 0, 300)
 
 
@@ -20,7 +20,7 @@ def test_a_request_is_counted_once_across_reports() -> None:
     clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(2, 0, 0))
-    sent = view.on_sent(300)
+    sent = view.on_sent(300, 300)
     assert view.now() == LoadNow(2, 1, 300), "sent after the report: on top of it"
     clock.now += COVER_GRACE_S * 2
     view.on_report(report(3, 0, 300))
@@ -36,17 +36,33 @@ def test_a_request_is_counted_once_across_reports() -> None:
 def test_a_request_sent_just_before_a_report_is_not_assumed_in_it() -> None:
     clock = Clock(100.0)
     view = LoadView(1.0, clock)
-    view.on_sent(100)
+    view.on_sent(100, 100)
     clock.now += COVER_GRACE_S / 2
     view.on_report(report(0, 0, 0))
     assert view.now() == LoadNow(0, 1, 100)
+
+
+def test_on_top_of_a_report_a_request_counts_whole_as_the_report_will_count_it() -> None:
+    """A follower of a cached (or in-flight) prefix has 128 of its 2,176 tokens to compute; the
+    replica's report counts a waiting prompt whole. Counted 128 until its report came, its replica
+    looked cheaper than one whose report had come, and a real burst piled onto it."""
+    clock = Clock(100.0)
+    view = LoadView(1.0, clock)
+    view.on_report(report(1, 0, 0))
+    sent = view.on_sent(128, 2_176)
+    assert view.now() == LoadNow(1, 1, 2_176)
+    view.on_prefilled(sent)
+    assert view.now() == LoadNow(1, 1, 0)
+    alone = LoadView(1.0, Clock(100.0))
+    alone.on_sent(128, 2_176)
+    assert alone.now() == LoadNow(1, 0, 128), "no report: the gateway's own estimate, its uncached part"
 
 
 def test_a_stale_report_falls_back_to_own_accounting() -> None:
     clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(5, 5, 5000))
-    view.on_sent(40)
+    view.on_sent(40, 40)
     clock.now += 2.0
     assert view.now() == LoadNow(1, 0, 40)
 
@@ -54,7 +70,7 @@ def test_a_stale_report_falls_back_to_own_accounting() -> None:
 def test_vllm_reports_without_queued_tokens_use_own_prefill() -> None:
     view = LoadView(1.0, Clock(100.0))
     view.on_report(report(4, 2, None))
-    view.on_sent(70)
+    view.on_sent(70, 70)
     assert view.now() == LoadNow(4, 3, 70)
 
 
@@ -64,12 +80,12 @@ def test_prefill_added_after_the_send_is_counted_once_covered_or_not() -> None:
     clock = Clock(100.0)
     view = LoadView(1.0, clock)
     view.on_report(report(0, 0, 0))
-    uncovered = view.on_sent(0)
+    uncovered = view.on_sent(0, 0)
     view.add_prefill(uncovered, 400)
     assert view.now() == LoadNow(0, 1, 400)
     clock.now += COVER_GRACE_S * 2
     view.on_report(report(1, 0, 0))
-    covered = view.on_sent(0)
+    covered = view.on_sent(0, 0)
     clock.now += COVER_GRACE_S * 2
     view.on_report(report(2, 0, 0))
     view.add_prefill(covered, 250)
