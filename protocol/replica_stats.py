@@ -41,7 +41,7 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     """Requests in the running batch (prefilling or decoding)."""
     waiting: int
     """Requests queued for admission, preempted ones included, and (bundled engine) those that
-    reached it during a step and wait in its command queue (``engine/core/intake.py``)."""
+    reached it during a step and wait in its command queue (``engine/core/load_reading.py``)."""
     queued_prefill_tokens: int | None = None
     """Prompt tokens received but not yet computed, over running and waiting requests; None when
     the replica cannot tell (vLLM's metrics have no such gauge)."""

@@ -24,10 +24,10 @@ from tokenizers import Tokenizer
 from engine.core.block_manager import BlockManager
 from engine.core.decode_progress import decode_progress
 from engine.core.detokenizer import IncrementalDetokenizer
-from engine.core.intake import Intake
 from engine.core.kv_events import KVEventPublisher, Snapshot
 from engine.core.kv_transfer_blocks import BlockIO
 from engine.core.kv_transfer_types import KVHold, RemoteKV
+from engine.core.load_reading import LoadReading
 from engine.core.metrics import EngineMetrics
 from engine.core.prefill_rate import PrefillRate
 from engine.core.scheduler import Scheduler
@@ -122,7 +122,7 @@ class LLMEngine:
         self._prefill_rate = PrefillRate()
         self.started_at = time.time()
         """When this engine started (its load reports say, so a gateway knows a restart emptied its cache)."""
-        self._intake = Intake()
+        self._load = LoadReading()
         self._prefix_waits: list[PrefixWait] = []
         self._announced: deque[list[bytes]] = deque()
         """Block hashes of the prompts queued since the load socket last read them (engine thread
@@ -207,8 +207,8 @@ class LLMEngine:
         first = requests[0]
         first.forks = requests[1:]
         first.remote_kv = remote_kv
-        self._intake.arrived(len(prompt_token_ids))
-        self._commands.put(lambda: self._add(first))
+        self._load.arrived(len(prompt_token_ids))
+        self._commands.put(lambda: self._take_in(first))
         remaining = n
         try:
             while remaining:
@@ -304,12 +304,12 @@ class LLMEngine:
 
     def load(self) -> ReplicaLoad:
         """The load now, for the load socket; read from another thread, so only approximately consistent.
-        Requests still in the command queue count as waiting (``Intake``)."""
-        pending, queued_prefill_tokens = self._intake.reading()
+        Requests still in the command queue count as waiting (``LoadReading``)."""
+        running, waiting, queued_prefill_tokens = self._load.now(self._scheduled)
         return ReplicaLoad(
             ts=time.time(),
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting) + pending,
+            running=running,
+            waiting=waiting,
             queued_prefill_tokens=queued_prefill_tokens,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=self.block_manager.usage,
@@ -322,11 +322,11 @@ class LLMEngine:
     def stats(self) -> ReplicaStats:
         """The load plus the cache's size and shape (GET /stats); approximately consistent, like ``load``."""
         block_manager = self.block_manager
-        pending, queued_prefill_tokens = self._intake.reading()
+        running, waiting, queued_prefill_tokens = self._load.now(self._scheduled)
         return ReplicaStats(
             ts=time.time(),
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting) + pending,
+            running=running,
+            waiting=waiting,
             queued_prefill_tokens=queued_prefill_tokens,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=block_manager.usage,
@@ -372,7 +372,7 @@ class LLMEngine:
             self._take_load_reading()
 
     def _take_load_reading(self) -> None:
-        self._intake.record_reading(self.scheduler.queued_prefill_tokens())
+        self._load.record(self.scheduler.queued_prefill_tokens())
         waits = self.scheduler.prefix_waits()
         self._prefix_waits = [
             PrefixWait(hash_to_bytes(block_hash), tokens, requests) for block_hash, (tokens, requests) in waits.items()
@@ -412,8 +412,15 @@ class LLMEngine:
             command()
             block = False
 
+    def _scheduled(self) -> tuple[int, int]:
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    def _take_in(self, request: _Request) -> None:
+        """A request that arrived through ``generate`` leaves the command queue for the scheduler."""
+        with self._load.taking_in(len(request.seq.prompt_token_ids)):
+            self._add(request)
+
     def _add(self, request: _Request) -> None:
-        self._intake.taken_in(len(request.seq.prompt_token_ids))
         self._requests[request.seq.seq_id] = request
         if request.remote_kv is not None:
             self._add_with_remote_kv(request.seq, request.remote_kv)

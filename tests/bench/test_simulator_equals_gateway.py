@@ -73,11 +73,13 @@ class RecordedFleet(VirtualFleet):
         reports = {backend.name: backend.load.report for backend in self.backends}
         self.recording.events.append((self.now, "report", reports))
 
-    def _send_to(self, backend: SimBackend, ticket: RouteTicket | None, uncached: int, kv_blocks: int) -> Settle:
+    def _send_to(
+        self, backend: SimBackend, ticket: RouteTicket | None, uncached: int, kv_blocks: int, prompt_tokens: int
+    ) -> Settle:
         assert ticket is not None
         request_id = ticket.request.request_id
         self.recording.placed[request_id] = (backend.name, str(ticket.decision.reason))
-        return _Recorded(super()._send_to(backend, ticket, uncached, kv_blocks), request_id, self)
+        return _Recorded(super()._send_to(backend, ticket, uncached, kv_blocks, prompt_tokens), request_id, self)
 
 
 class _Recorded:
