@@ -37,11 +37,14 @@ class LoadReading:
 
     @contextmanager
     def taking_in(self, prompt_tokens: int) -> Iterator[None]:
-        """The engine loop moves an arrived request into its scheduler within this block."""
+        """The engine loop moves an arrived request into its scheduler within this block (which,
+        raising, leaves it out of both)."""
         with self._lock:
-            yield
-            self._arrived_requests -= 1
-            self._arrived_tokens -= prompt_tokens
+            try:
+                yield
+            finally:
+                self._arrived_requests -= 1
+                self._arrived_tokens -= prompt_tokens
             self._queued_prefill_tokens += prompt_tokens
 
     def record(self, queued_prefill_tokens: int) -> None:
