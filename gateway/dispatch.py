@@ -332,6 +332,7 @@ class Dispatcher:
                     **backend.spec.upstream_headers(),
                     **forwarding.upstream_headers,
                     **plan.upstream_headers(request),
+                    **flight.load_mark_header(),
                 },
                 stream_format=native.stream_format if native else forwarding.stream_format,
                 stream_response=native.stream_response if native else forwarding.stream_response,

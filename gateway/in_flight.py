@@ -27,6 +27,10 @@ class InFlight:
         self._prefill_done = self._occupancy.__enter__()
         self._finished = False
 
+    def load_mark_header(self) -> dict[str, str]:
+        """The header that tells the replica's load reports which of this gateway's requests they count."""
+        return self._occupancy.load_mark.header()
+
     def sent(self) -> None:
         """The request was written to its replica (once per ticket; later calls do nothing)."""
         self._router.on_routed(self._ticket, self._backend)

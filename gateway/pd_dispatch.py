@@ -278,6 +278,7 @@ class Disaggregation:
                     **backend.spec.upstream_headers(),
                     **form.upstream_headers,
                     **plan.upstream_headers(request),
+                    **flight.load_mark_header(),
                 },
                 redactor=backend.redactor,
             )

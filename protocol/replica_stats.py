@@ -63,6 +63,10 @@ class ReplicaLoad(msgspec.Struct, frozen=True, kw_only=True):
     decodes: list[DecodeProgress] | None = None
     """Each request, running or queued, with an inter-token interval still to come; None where the
     replica cannot tell (vLLM's metrics have no such thing). Bundled engine only."""
+    arrivals: dict[str, int] | None = None
+    """By sender (a gateway view's origin), the latest of its requests this reading counts, or that
+    has ended here (``protocol/load_mark.py``); None where the replica does not say (vLLM), and the
+    sender then guesses by time. Bundled engine only."""
 
 
 class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
@@ -100,6 +104,7 @@ class ReplicaStats(ReplicaLoad, frozen=True, kw_only=True):
             started_at=self.started_at,
             pending_prefixes=self.pending_prefixes,
             decodes=self.decodes,
+            arrivals=self.arrivals,
         )
 
 

@@ -34,6 +34,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.model.lora_modules import LoRARef
 from engine.model.runner_api import ModelRunner, SamplingParams, TokenLogprobs
+from protocol.load_mark import LoadMark
 from protocol.replica_stats import DecodeProgress, PrefixWait, ReplicaLoad, ReplicaStats
 from radix.hashing import extend_block_hashes, hash_to_bytes
 from radix.kv_event_format import AllBlocksCleared, KVEvent
@@ -172,6 +173,7 @@ class LLMEngine:
         adapter: LoRARef | None = None,
         hold_kv: bool = False,
         remote_kv: RemoteKV | None = None,
+        load_mark: LoadMark | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream the outputs of ``n`` samples of one prompt; closing the iterator early aborts them.
 
@@ -182,6 +184,7 @@ class LLMEngine:
         than one-shot blocks, for ``session_ttl_s`` (None: the engine's default). ``adapter`` runs the samples under that LoRA adapter.
         ``hold_kv`` (a prefill leg, n 1) pins the prompt's blocks at the end for a decode engine;
         ``remote_kv`` (a decode leg) installs blocks pulled from a prefill engine before queueing.
+        ``load_mark`` (its sender's ``x-kvgate-load-mark``) is acknowledged by every load reading from now on.
         """
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
         requests = []
@@ -207,7 +210,7 @@ class LLMEngine:
         first = requests[0]
         first.forks = requests[1:]
         first.remote_kv = remote_kv
-        self._load.arrived(len(prompt_token_ids))
+        self._load.arrived(len(prompt_token_ids), load_mark)
         self._commands.put(lambda: self._take_in(first))
         remaining = n
         try:
@@ -302,15 +305,21 @@ class LLMEngine:
         self._commands.put(take)
         return result
 
+    def request_ended(self, load_mark: LoadMark | None) -> None:
+        """A request is done with this engine, whether or not it reached ``generate``: its sender may
+        take it as counted (``protocol/load_mark.py``)."""
+        self._load.ended(load_mark)
+
     def load(self) -> ReplicaLoad:
         """The load now, for the load socket; read from another thread, so only approximately consistent.
         Requests still in the command queue count as waiting (``LoadReading``)."""
-        running, waiting, queued_prefill_tokens = self._load.now(self._scheduled)
+        running, waiting, queued_prefill_tokens, arrivals = self._load.now(self._scheduled)
         return ReplicaLoad(
             ts=time.time(),
             running=running,
             waiting=waiting,
             queued_prefill_tokens=queued_prefill_tokens,
+            arrivals=arrivals,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=self.block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
@@ -322,12 +331,13 @@ class LLMEngine:
     def stats(self) -> ReplicaStats:
         """The load plus the cache's size and shape (GET /stats); approximately consistent, like ``load``."""
         block_manager = self.block_manager
-        running, waiting, queued_prefill_tokens = self._load.now(self._scheduled)
+        running, waiting, queued_prefill_tokens, arrivals = self._load.now(self._scheduled)
         return ReplicaStats(
             ts=time.time(),
             running=running,
             waiting=waiting,
             queued_prefill_tokens=queued_prefill_tokens,
+            arrivals=arrivals,
             prefix_waits=self._prefix_waits,
             kv_cache_usage=block_manager.usage,
             prefill_tokens_per_s=self._prefill_rate.tokens_per_s,

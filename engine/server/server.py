@@ -48,6 +48,7 @@ from engine.server.tool_choice import ToolMode, tool_grammar, tool_mode
 from engine.server.tracing import record_spans
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.tokenizer_api import detokenize_body, tokenize_body, tokenize_text, tokenizer_info
+from protocol.load_mark import LOAD_MARK_HEADER, parse_load_mark
 from protocol.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest
 from protocol.openai_errors import OpenAIError, bad_request, error_body
 from protocol.replica_stats import encode_stats
@@ -111,7 +112,7 @@ class EngineServer:
         """Built at startup when the runner can follow a grammar (about a second for a 49k vocabulary)."""
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_errors], client_max_size=_MAX_BODY_BYTES)
+        app = web.Application(middlewares=[openai_errors, self._load_mark_on_end], client_max_size=_MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
@@ -128,6 +129,14 @@ class EngineServer:
         app.on_startup.append(self._start_engine)
         app.on_cleanup.append(self._stop_engine)
         return app
+
+    @web.middleware
+    async def _load_mark_on_end(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """However a request ends (answered, refused, its client gone), its sender may take it as counted."""
+        try:
+            return await handler(request)
+        finally:
+            self.engine.request_ended(parse_load_mark(request.headers.get(LOAD_MARK_HEADER)))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), CompletionRequest)
@@ -242,6 +251,7 @@ class EngineServer:
             adapter=adapter,
             hold_kv=hold_kv,
             remote_kv=remote_kv,
+            load_mark=parse_load_mark(request.headers.get(LOAD_MARK_HEADER)),
         )
         async with aclosing(outputs):
             async for output in outputs:

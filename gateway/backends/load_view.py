@@ -3,11 +3,13 @@ gateway's own requests that the report cannot include yet.
 
 Several gateways send to the same replicas, so only the replica knows its whole load; but its
 report is up to a tenth of a second old (bundled engine) or a health-check interval (vLLM). A
-request this gateway sent must be counted exactly once: a request the report already counts (it
-was sent ``COVER_GRACE_S`` or more before the report arrived) is in the report; a newer one is
-added on top; and what a counted request has since finished (its prefill, or the whole request)
-is taken off the report until the next one. Without a fresh report, the view is this gateway's
-own in-flight accounting alone, as with a single gateway.
+request this gateway sent must be counted exactly once: a request the report already counts is in
+the report; a newer one is added on top; and what a counted request has since finished (its
+prefill, or the whole request) is taken off the report until the next one. Which requests a report
+counts, the bundled engine says: the latest of this view's numbered requests it has taken in
+(``protocol/load_mark.py``). Where a replica does not say (vLLM), a request sent ``COVER_GRACE_S``
+or more before the report arrived is taken as in it. Without a fresh report, the view is this
+gateway's own in-flight accounting alone, as with a single gateway.
 
 A request added on top of a report is counted as the replica's next report will count it while
 it waits: its whole prompt, cached prefix included (``Scheduler.queued_prefill_tokens``). Counted
@@ -16,15 +18,19 @@ followers than one whose report had: real bursts on one new prefix went 28 / 12 
 (bench/notes/2026-12-05-hotspot-burst-balance.md).
 """
 
+import itertools
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocol.load_mark import LOAD_MARK_TTL_S, LoadMark
 from protocol.replica_stats import DecodeProgress, ReplicaLoad
 
 COVER_GRACE_S = 0.02
-"""A request sent less than this before a report arrived may not have reached the replica's
-scheduler when it took the reading (HTTP, tokenization): it is counted on top of the report."""
+"""From a replica that does not acknowledge requests: a request sent less than this before a report
+arrived may not have reached the replica's scheduler when it took the reading (HTTP, tokenization),
+so it is counted on top of the report."""
 
 
 @dataclass(eq=False)
@@ -32,6 +38,8 @@ class SentRequest:
     """One of this gateway's requests in flight at the replica."""
 
     sent_at: float
+    mark: LoadMark
+    """Sent as ``x-kvgate-load-mark``: a report that acknowledges it counts it."""
     prefill_tokens: int
     """Uncached prompt tokens still to prefill (0 once the first token came)."""
     waiting_tokens: int
@@ -60,6 +68,9 @@ class LoadView:
 
     def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stale_after_s = stale_after_s
+        self.origin = secrets.token_hex(8)
+        """This view's name in its requests' load marks: unique to this gateway process and replica."""
+        self._ordinals = itertools.count(1)
         self.report: ReplicaLoad | None = None
         self._prefix_waits: dict[int, tuple[int, int]] = {}
         self._decodes: tuple[DecodeProgress, ...] | None = None
@@ -74,7 +85,8 @@ class LoadView:
         self.own_prefill_tokens = 0
 
     def on_report(self, report: ReplicaLoad) -> None:
-        """A new reading from the replica: it now counts every request sent before it (less a grace)."""
+        """A new reading from the replica: it counts the requests it acknowledges (or, from a replica
+        that acknowledges none, those sent before it less a grace)."""
         now = self._clock()
         self.report = report
         self.report_received_at = now
@@ -82,17 +94,25 @@ class LoadView:
             int.from_bytes(wait.block_hash, "big"): (wait.tokens, wait.requests) for wait in report.prefix_waits
         }
         self._decodes = tuple(report.decodes) if report.decodes is not None else None
-        cutoff = now - COVER_GRACE_S
+        counts = self._counted_by(report, now)
         self._uncovered_requests = self._uncovered_prefill = 0
         self._covered_finished = self._covered_prefilled = 0
         for request in self._sent:
-            request.covered = request.sent_at <= cutoff
+            request.covered = counts(request)
             if not request.covered:
                 self._uncovered_requests += 1
                 self._uncovered_prefill += request.waiting_tokens
 
+    def _counted_by(self, report: ReplicaLoad, now: float) -> Callable[[SentRequest], bool]:
+        if report.arrivals is None:
+            sent_by = now - COVER_GRACE_S
+            return lambda request: request.sent_at <= sent_by
+        acknowledged, forgotten_by = report.arrivals.get(self.origin, 0), now - LOAD_MARK_TTL_S
+        return lambda request: request.mark.ordinal <= acknowledged or request.sent_at <= forgotten_by
+
     def on_sent(self, prefill_tokens: int, waiting_tokens: int) -> SentRequest:
-        request = SentRequest(self._clock(), prefill_tokens, waiting_tokens)
+        mark = LoadMark(self.origin, next(self._ordinals))
+        request = SentRequest(self._clock(), mark, prefill_tokens, waiting_tokens)
         self._sent.add(request)
         self.own_requests += 1
         self.own_prefill_tokens += prefill_tokens

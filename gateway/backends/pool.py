@@ -18,6 +18,7 @@ from gateway.routing.config import DisaggregationConfig
 from gateway.routing.pd_decider import fleet_disaggregates
 from gateway.routing.prefill_overflow import client_candidates
 from gateway.routing.types import ReplicaState
+from protocol.load_mark import LoadMark
 from protocol.replica_stats import ReplicaLoad, ReplicaStats
 
 LOAD_SOCKET_STALE_S = 1.0
@@ -402,6 +403,11 @@ class Occupancy:
         backend.breaker.on_request()
         self._sent = backend.load.on_sent(prefill_tokens, self._waiting_tokens)
         return self.prefill_done
+
+    @property
+    def load_mark(self) -> LoadMark:
+        """The request's number in the backend's load view, for its ``x-kvgate-load-mark`` header."""
+        return self._sent.mark
 
     def add_prefill(self, tokens: int) -> None:
         """``tokens`` more of the request's prompt are to be prefilled here than it was counted with."""

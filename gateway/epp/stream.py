@@ -105,7 +105,8 @@ class ExtProcStream:
         except OpenAIError as error:
             return self.refuse(error, request_id)
         length = len(chosen.body) if chosen.body is not None else None
-        headers = wire.pick_mutation(chosen.endpoints, length, chosen.placement.backend.spec.upstream_headers())
+        upstream_headers = {**chosen.placement.backend.spec.upstream_headers(), **chosen.flight.load_mark_header()}
+        headers = wire.pick_mutation(chosen.endpoints, length, upstream_headers)
         chosen.sent()
         if in_headers:
             return [wire.headers_pick(chosen.endpoints, headers)]

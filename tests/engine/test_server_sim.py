@@ -72,8 +72,8 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def post(url: str, body: bytes) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -262,6 +262,26 @@ def test_bad_chat_requests_and_bodies_get_openai_errors(engine: ManagedProcess) 
         assert code == 400 and set(error["error"]) == {"message", "type", "param", "code"}
     code, error = post(f"{engine.url}/v1/nowhere", b"{}")
     assert code == 404 and error["error"]["type"] == "not_found_error"
+
+
+def test_the_load_reading_acknowledges_each_senders_latest_request_answered_or_refused(engine: ManagedProcess) -> None:
+    origin = uuid.uuid4().hex[:16]
+    url = f"{engine.url}/v1/completions"
+
+    def sent(ordinal: str, body: dict) -> int:
+        return post(url, json.dumps(body).encode(), {"x-kvgate-load-mark": f"{origin}:{ordinal}"})[0]
+
+    def acknowledged() -> int | None:
+        return get_json(f"{engine.url}/stats")["arrivals"].get(origin)
+
+    assert acknowledged() is None
+    assert sent("3", {"prompt": [5, 6, 7], "max_tokens": 2}) == 200
+    assert acknowledged() == 3
+    assert sent("9", {"prompt": [5, 6, 7], "max_tokens": 4096}) == 400
+    assert acknowledged() == 9, "refused: it is in no reading, and its sender may stop counting it"
+    assert sent("4", {"prompt": [5, 6, 7], "max_tokens": 2}) == 200
+    assert sent("x10", {"prompt": [5, 6, 7], "max_tokens": 2}) == 200
+    assert acknowledged() == 9, "an overtaken request leaves the latest; a malformed mark is none"
 
 
 def test_models_health_and_cache_config(engine: ManagedProcess) -> None:

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.admission.limiter import concurrency_exceeded
 from gateway.errors import service_unavailable
+from protocol.load_mark import LOAD_MARK_HEADER, parse_load_mark
 from tests.bodies import MODEL, chat
 from tests.epp.envoy_flows import (
     CAPPED_KEY,
@@ -71,7 +72,8 @@ async def test_buffered_pick_sets_header_and_metadata_alike_and_the_normalized_b
     assert answer.request_body.response.clear_route_cache
     forwarded = answer.request_body.response.body_mutation.body
     assert headers["content-length"] == str(len(forwarded)).encode()
-    assert list(headers) == [DESTINATION, "content-length"]
+    assert list(headers) == [DESTINATION, "content-length", LOAD_MARK_HEADER]
+    assert parse_load_mark(headers[LOAD_MARK_HEADER].decode()) is not None, "the replica's reports acknowledge it"
     assert answer.request_body.response.header_mutation.remove_headers == ["authorization", "x-api-key"]
     sent = orjson.loads(forwarded)
     assert sent["messages"][0]["content"] == "You are terse."
@@ -139,7 +141,7 @@ async def test_full_duplex_streamed_request_and_sse_response(picker: Picker, cha
     body_answer = await envoy.answer()
     streamed = body_answer.request_body.response.body_mutation.streamed_response
     assert streamed.end_of_stream
-    assert (streamed.body, list(headers)) == (raw, [DESTINATION])
+    assert (streamed.body, list(headers)) == (raw, [DESTINATION, LOAD_MARK_HEADER])
     status, content_type, answer = forward(endpoint, streamed.body)
     assert status == 200 and content_type.startswith("text/event-stream")
     await envoy.send(response_headers(status, content_type, served=endpoint))

@@ -1,6 +1,7 @@
 """A replica's load as one gateway sees it: its report plus this gateway's requests, each counted once."""
 
 from gateway.backends.load_view import COVER_GRACE_S, LoadNow, LoadView
+from protocol.load_mark import LOAD_MARK_TTL_S
 from protocol.replica_stats import DecodeProgress, PrefixWait, ReplicaLoad, decode_load, encode_load
 from radix.hashing import hash_to_bytes
 from tests.routing.helpers import Clock
@@ -40,6 +41,53 @@ def test_a_request_sent_just_before_a_report_is_not_assumed_in_it() -> None:
     clock.now += COVER_GRACE_S / 2
     view.on_report(report(0, 0, 0))
     assert view.now() == LoadNow(0, 1, 100)
+
+
+def acknowledging(view: LoadView, ordinal: int, running: int, waiting: int, queued: int) -> ReplicaLoad:
+    """A bundled engine's report that counts this view's requests up to ``ordinal``."""
+    return ReplicaLoad(
+        ts=0.0, running=running, waiting=waiting, queued_prefill_tokens=queued, arrivals={view.origin: ordinal}
+    )
+
+
+def test_a_report_counts_exactly_the_requests_it_acknowledges_however_soon_it_comes() -> None:
+    """The engine takes a request in and reports at once: by the clock alone it is counted on top of
+    a report that holds it (twice); a report that has not taken in a request sent long ago lacks it."""
+    clock = Clock(100.0)
+    view = LoadView(1.0, clock)
+    first, second = view.on_sent(100, 100), view.on_sent(200, 200)
+    assert (first.mark.ordinal, second.mark.ordinal) == (1, 2)
+    clock.now += COVER_GRACE_S / 10
+    view.on_report(acknowledging(view, 1, 0, 1, 100))
+    assert view.now() == LoadNow(0, 2, 300), "the first in the report, the second on top: each once"
+    clock.now += 1.0
+    view.on_report(acknowledging(view, 1, 0, 1, 100))
+    assert view.now() == LoadNow(0, 2, 300), "the second, a second old, is still not in the report"
+    view.on_report(acknowledging(view, 2, 0, 2, 300))
+    assert view.now() == LoadNow(0, 2, 300)
+    view.on_finished(first)
+    assert view.now() == LoadNow(0, 1, 200)
+
+
+def test_another_views_marks_acknowledge_nothing_of_this_ones() -> None:
+    clock = Clock(100.0)
+    view, other = LoadView(1.0, clock), LoadView(1.0, clock)
+    assert view.origin != other.origin
+    view.on_sent(100, 100)
+    clock.now += 1.0
+    view.on_report(acknowledging(other, 5, 0, 5, 500))
+    assert view.now() == LoadNow(0, 6, 600)
+
+
+def test_a_request_older_than_the_replicas_memory_of_its_origin_is_taken_as_counted() -> None:
+    """A replica forgets an origin it has not heard from for ``LOAD_MARK_TTL_S``: a request of this
+    view that old, still running there, is in its report all the same."""
+    clock = Clock(100.0)
+    view = LoadView(1.0, clock)
+    view.on_sent(0, 0)
+    clock.now += LOAD_MARK_TTL_S + 1
+    view.on_report(ReplicaLoad(ts=0.0, running=1, waiting=0, queued_prefill_tokens=0, arrivals={}))
+    assert view.now() == LoadNow(1, 0, 0)
 
 
 def test_on_top_of_a_report_a_request_counts_whole_as_the_report_will_count_it() -> None:
