@@ -279,6 +279,14 @@ async def longest_loop_pause(coroutine: Awaitable[T]) -> tuple[T, float]:
     return result, max(pauses)
 
 
+async def least_loop_pause(start: Callable[[], Awaitable[T]], tries: int = 3) -> tuple[T, float]:
+    """The result, and the shortest of ``tries`` runs' longest pauses: work that holds the GIL pauses
+    the loop on every run, the OS descheduling the loop on a busy machine only on some (CI's other
+    test worker shares the two cores)."""
+    runs = [await longest_loop_pause(start()) for _ in range(tries)]
+    return runs[0][0], min(pause for _, pause in runs)
+
+
 async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_tokenizer: ChatTokenizer) -> None:
     """``ChatTokenizer.encode_text`` (the engine's tokenizer, run with ``asyncio.to_thread``) must not
     hold the GIL: the loop's longest pause while a long prompt is tokenized on a thread stays far
@@ -287,7 +295,7 @@ async def test_the_hf_tokenizer_on_a_worker_thread_leaves_the_loop_running(chat_
     started = time.perf_counter()
     expected = chat_tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
     alone_s = time.perf_counter() - started
-    ids, pause_s = await longest_loop_pause(asyncio.to_thread(chat_tokenizer.encode_text, text))
+    ids, pause_s = await least_loop_pause(lambda: asyncio.to_thread(chat_tokenizer.encode_text, text))
     assert ids == expected
     assert pause_s < alone_s / 2, (pause_s, alone_s)
 
@@ -298,6 +306,6 @@ async def test_detokenizing_on_a_worker_thread_leaves_the_loop_running(chat_toke
     started = time.perf_counter()
     expected = chat_tokenizer.tokenizer.decode(token_ids, skip_special_tokens=True)
     alone_s = time.perf_counter() - started
-    text, pause_s = await longest_loop_pause(asyncio.to_thread(chat_tokenizer.decode, token_ids))
+    text, pause_s = await least_loop_pause(lambda: asyncio.to_thread(chat_tokenizer.decode, token_ids))
     assert text == expected
     assert pause_s < alone_s / 2, (pause_s, alone_s)
