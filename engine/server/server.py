@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 _MAX_BODY_BYTES = 32 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_LOAD_MARK = "kvgate_load_mark"
+"""The request's parsed ``x-kvgate-load-mark``, kept on the request by ``_load_mark_on_end``."""
 
 
 def json_response(body: dict[str, Any], status: int = 200) -> web.Response:
@@ -132,11 +134,13 @@ class EngineServer:
 
     @web.middleware
     async def _load_mark_on_end(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """However a request ends (answered, refused, its client gone), its sender may take it as counted."""
+        """Reads the request's load mark once (``generate`` acknowledges it on arrival); however the
+        request ends (answered, refused, its client gone), its sender may take it as counted."""
+        mark = request[_LOAD_MARK] = parse_load_mark(request.headers.get(LOAD_MARK_HEADER))
         try:
             return await handler(request)
         finally:
-            self.engine.request_ended(parse_load_mark(request.headers.get(LOAD_MARK_HEADER)))
+            self.engine.request_ended(mark)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_request(await request.read(), CompletionRequest)
@@ -251,7 +255,7 @@ class EngineServer:
             adapter=adapter,
             hold_kv=hold_kv,
             remote_kv=remote_kv,
-            load_mark=parse_load_mark(request.headers.get(LOAD_MARK_HEADER)),
+            load_mark=request[_LOAD_MARK],
         )
         async with aclosing(outputs):
             async for output in outputs:
