@@ -48,7 +48,7 @@ from engine.server.tool_choice import ToolMode, tool_grammar, tool_mode
 from engine.server.tracing import record_spans
 from normalize.chat_tokenizer import ChatTokenizer
 from normalize.tokenizer_api import detokenize_body, tokenize_body, tokenize_text, tokenizer_info
-from protocol.load_mark import LOAD_MARK_HEADER, parse_load_mark
+from protocol.load_mark import LOAD_MARK_HEADER, LoadMark, parse_load_mark
 from protocol.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest
 from protocol.openai_errors import OpenAIError, bad_request, error_body
 from protocol.replica_stats import encode_stats
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 _MAX_BODY_BYTES = 32 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_LOAD_MARK = "kvgate_load_mark"
+_LOAD_MARK = web.RequestKey[LoadMark | None]("kvgate_load_mark")
 """The request's parsed ``x-kvgate-load-mark``, kept on the request by ``_load_mark_on_end``."""
 
 
